@@ -1,0 +1,237 @@
+"""One optimisation step of a PIT model under a precision policy, for the numpy and torch backends.
+
+The engine holds the master copy the optimizer updates, the stored copy the model computes with, and
+the optimizer state. Z moves by a retraction of a projected (Riemannian) step; L moves through its
+raw parameter: strict lower triangle as is, diagonal through softplus so it stays positive.
+The numpy backend is the float64 reference; the torch backend runs any policy on CPU or CUDA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arrays import NumpyOps, TorchOps
+from .errors import PitcheckError
+from .formats import FORMATS
+from .policy import Policy
+from .reference import softplus_inverse
+from .retractions import RetractionError, get_retraction, reproject, tangent_projection
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+MOMENTUM, BETA1, BETA2, ADAM_EPS = 0.9, 0.9, 0.999, 1e-8
+# torch.amp.GradScaler's defaults
+LOSS_SCALE_INIT, LOSS_SCALE_GROWTH_INTERVAL = 2.0**16, 2000
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    retraction: str
+    optimizer: str
+    lr: float
+    reproject_every: int = 0  # 0: never
+    reproject_threshold: float = 0.0  # 0: never; else re-project when ||Z^T Z - I||_F exceeds it
+
+    def __post_init__(self):
+        get_retraction(self.retraction)
+        if self.optimizer not in OPTIMIZERS:
+            raise PitcheckError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if not (np.isfinite(self.lr) and self.lr > 0):
+            raise PitcheckError(f"--lr must be a positive finite number, got {self.lr}")
+        if self.reproject_every < 0 or self.reproject_threshold < 0:
+            raise PitcheckError("--reproject-every and --reproject-threshold must be >= 0")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PitcheckError(f"--device {device} asked for, but torch sees no CUDA device")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise PitcheckError(f"unknown device {device!r}; choose auto, cpu or cuda")
+    return device
+
+
+class Engine:
+    def __init__(self, backend: str, policy: Policy, settings: StepSettings, device: str = "auto"):
+        self.backend, self.policy, self.settings = backend, policy, settings
+        self.retract = get_retraction(settings.retraction)
+        self.emulated: list[str] = []
+        if backend == "numpy":
+            if policy.name != "fp64":
+                raise PitcheckError(
+                    f"the numpy backend is the float64 reference; run --precision {policy.name} "
+                    "with --backend torch"
+                )
+            self.device = "cpu"
+            self.ops = NumpyOps()
+            self._dtype = {"fp64": np.float64}
+        elif backend == "torch":
+            import torch
+
+            self.torch = torch
+            self.device = resolve_device(device)
+            self._dtype = {
+                "fp64": torch.float64,
+                "fp32": torch.float32,
+                "tf32": torch.float32,
+                "bf16": torch.bfloat16,
+                "fp16": torch.float16,
+            }
+            on_cuda = self.device.startswith("cuda")
+            if on_cuda:
+                # tf32 is native on CUDA; set explicitly so fp32 really is fp32
+                torch.backends.cuda.matmul.allow_tf32 = policy.matmul == "tf32"
+                torch.backends.cudnn.allow_tf32 = policy.matmul == "tf32"
+            if policy.matmul == "tf32" and not on_cuda:
+                self.ops = TorchOps(matmul_format=FORMATS["tf32"])
+                self.emulated.append("tf32 matmul emulated on CPU by rounding operands to 11 bits")
+            elif policy.matmul in ("bf16", "fp16"):
+                self.ops = TorchOps(matmul_dtype=self._dtype[policy.matmul])
+            else:
+                self.ops = TorchOps()
+        else:
+            raise PitcheckError(f"unknown backend {backend!r}; choose numpy or torch")
+        self.loss_scale = LOSS_SCALE_INIT if policy.loss_scaling else 1.0
+        self.good_steps = 0
+        self.opt_step = 0
+
+    # ---- conversions -------------------------------------------------------------------------
+    def _to(self, x, fmt: str):
+        if self.backend == "numpy":
+            return np.asarray(x, dtype=np.float64)
+        if isinstance(x, np.ndarray):
+            x = self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).to(self.device)
+        return x.to(self._dtype[fmt])
+
+    def _numpy(self, x) -> np.ndarray:
+        return self.ops.to_numpy(x)
+
+    def _factor_L(self, raw):
+        return self.ops.tril(raw, -1) + self.ops.diag(self.ops.softplus(self.ops.diag(raw)))
+
+    # ---- state -------------------------------------------------------------------------------
+    def initialise(self, Z0: np.ndarray, L0: np.ndarray) -> None:
+        p = self.policy
+        raw = np.tril(L0, -1) + np.diag(softplus_inverse(np.diag(L0)))
+        self.master_Z = self._to(Z0, p.master)
+        self.master_raw = self._to(raw, p.master)
+        zeros = np.zeros_like
+        self.opt = {k: self._to(zeros(v), p.factor) for k, v in (("mZ", Z0), ("vZ", Z0), ("mL", L0), ("vL", L0))}
+        self._refresh_stored()
+
+    def _refresh_stored(self):
+        p = self.policy
+        self.Z = self._to(self.master_Z, p.storage)
+        self.L = self._to(self._factor_L(self._to(self.master_raw, p.factor)), p.storage)
+
+    def stored(self) -> tuple[np.ndarray, np.ndarray]:
+        """Z and L as the model stores and computes with them, as float64 numpy (exact copies)."""
+        return self._numpy(self.Z), self._numpy(self.L)
+
+    def state_dict(self) -> dict:
+        d = {"master_Z": self._numpy(self.master_Z), "master_raw": self._numpy(self.master_raw)}
+        d.update({f"opt_{k}": self._numpy(v) for k, v in self.opt.items()})
+        d["loss_scale"] = np.float64(self.loss_scale)
+        d["good_steps"] = np.int64(self.good_steps)
+        d["opt_step"] = np.int64(self.opt_step)
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        p = self.policy
+        # every value came from this policy's formats, so the casts back are exact
+        self.master_Z = self._to(d["master_Z"], p.master)
+        self.master_raw = self._to(d["master_raw"], p.master)
+        self.opt = {k[4:]: self._to(d[k], p.factor) for k in d if k.startswith("opt_") and k != "opt_step"}
+        self.loss_scale = float(d["loss_scale"])
+        self.good_steps = int(d["good_steps"])
+        self.opt_step = int(d["opt_step"])
+        self._refresh_stored()
+
+    # ---- the maps ----------------------------------------------------------------------------
+    def embed_all(self) -> np.ndarray:
+        """E = Z T^{-1} as this policy computes it: solves upcast to the factor dtype, result stored."""
+        p = self.policy
+        L = self._to(self.L, p.factor)
+        y = self.ops.solve_triangular(L, self._to(self.Z, p.factor).T, lower=True)
+        E = self.ops.solve_triangular(L.T, y, lower=False).T
+        return self._numpy(self._to(E, p.storage))
+
+    # ---- one step ----------------------------------------------------------------------------
+    def _gradient(self, G: np.ndarray):
+        p = self.policy
+        if p.loss_scaling:
+            g = self._to(G * self.loss_scale, p.gradient)
+            return g, self.ops.isfinite_all(g)
+        g = self._to(G, p.gradient)
+        return g, self.ops.isfinite_all(g)
+
+    def step(self, GZ: np.ndarray, GL: np.ndarray, step_index: int) -> list[dict]:
+        """Apply one gradient; returns the events it caused (an empty list on a clean step)."""
+        p, s, ops = self.policy, self.settings, self.ops
+        if not (np.isfinite(GZ).all() and np.isfinite(GL).all()):
+            return [{"event": "nonfinite_gradient", "action": "step skipped"}]
+        gz, ok_z = self._gradient(GZ)
+        gl, ok_l = self._gradient(np.tril(GL))
+        if not (ok_z and ok_l):
+            event = {"event": "gradient_overflow", "format": p.gradient, "loss_scale": self.loss_scale}
+            if p.loss_scaling:
+                self.loss_scale /= 2.0
+                self.good_steps = 0
+                event["action"] = "step skipped, loss scale halved"
+            else:
+                event["action"] = "step skipped"
+            return [event]
+        gz = self._to(gz, p.factor) / self.loss_scale
+        gl = self._to(gl, p.factor) / self.loss_scale
+
+        Z = self._to(self.master_Z, p.factor)
+        raw = self._to(self.master_raw, p.factor)
+        # gradient of the raw diagonal through softplus
+        diag_raw = ops.diag(raw)
+        gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl) * ops.sigmoid(diag_raw))
+        direction_Z = self._optimizer_direction(tangent_projection(Z, gz, ops), "Z")
+        direction_L = self._optimizer_direction(gl, "L")
+        self.opt_step += 1
+        xi = tangent_projection(Z, -s.lr * direction_Z, ops)
+        events = []
+        try:
+            Z_new = self.retract(Z, xi, ops)
+        except RetractionError as exc:
+            return [{"event": "retraction_failed", "message": str(exc), "action": "step skipped"}]
+        if s.reproject_every and (step_index + 1) % s.reproject_every == 0:
+            Z_new = reproject(Z_new, ops)
+        elif s.reproject_threshold:
+            gram_err = ops.norm(ops.matmul(Z_new.T, Z_new) - ops.eye(Z_new.shape[1], like=Z_new))
+            if gram_err > s.reproject_threshold:
+                Z_new = reproject(Z_new, ops)
+                events.append({"event": "reprojected", "orthonormality": gram_err})
+        raw_new = raw - s.lr * direction_L
+        if not (ops.isfinite_all(Z_new) and ops.isfinite_all(raw_new)):
+            return events + [{"event": "nonfinite_state", "action": "step skipped"}]
+        self.master_Z = self._to(Z_new, p.master)
+        self.master_raw = self._to(raw_new, p.master)
+        self._refresh_stored()
+        if p.loss_scaling:
+            self.good_steps += 1
+            if self.good_steps >= LOSS_SCALE_GROWTH_INTERVAL:
+                self.loss_scale *= 2.0
+                self.good_steps = 0
+        return events
+
+    def _optimizer_direction(self, g, which: str):
+        opt, name = self.opt, self.settings.optimizer
+        if name == "sgd":
+            return g
+        if name == "momentum":
+            opt["m" + which] = MOMENTUM * opt["m" + which] + g
+            return opt["m" + which]
+        t = self.opt_step + 1
+        opt["m" + which] = BETA1 * opt["m" + which] + (1 - BETA1) * g
+        opt["v" + which] = BETA2 * opt["v" + which] + (1 - BETA2) * g * g
+        m_hat = opt["m" + which] / (1 - BETA1**t)
+        v_hat = opt["v" + which] / (1 - BETA2**t)
+        return m_hat / (self.ops.sqrt(v_hat) + ADAM_EPS)
+

@@ -1,0 +1,200 @@
+"""Gradient models (the adversaries), registered by name.
+
+Each model is `f(Z, L, rng, params, probe) -> (G_Z, G_L)` on float64 numpy copies of the model being
+stressed: G_Z is V x D, G_L is D x D (only its lower triangle is used). The stream is defined in float64
+numpy for every backend, so a low-precision torch run and its float64 shadow see the same gradients.
+Models compose by summing: "dense_output,spike" is the dense output gradient plus occasional bursts.
+Each component draws from its own stream, seeded by (seed, step, component index): a run resumed at
+any step regenerates exactly the gradients it would have seen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import scipy.linalg
+
+from .errors import PitcheckError
+
+GRADIENT_MODELS: dict[str, Callable] = {}
+
+
+@dataclass(frozen=True)
+class AdversaryParams:
+    batch: int = 32  # tokens per step for the output and input channels
+    zipf_exponent: float = 1.1  # token frequencies p_v ~ 1/(v+1)^s
+    input_scale: float = 1.0  # scale of input-side gradients against output-side ones
+    spike_probability: float = 0.01
+    spike_scale: float = 100.0
+    burst_probability: float = 0.1
+    burst_scale: float = 10.0
+    normal_scale: float = 100.0  # off-manifold gradients are large: only projection error survives
+    attack_scale: float = 1.0
+    nonfinite_probability: float = 0.05
+
+
+def register(name: str):
+    def deco(fn):
+        GRADIENT_MODELS[name] = fn
+        return fn
+
+    return deco
+
+
+def parse_adversary(spec: str) -> list[str]:
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise PitcheckError("empty --adversary; choose from " + ", ".join(GRADIENT_MODELS))
+    for n in names:
+        if n not in GRADIENT_MODELS:
+            raise PitcheckError(f"unknown gradient model {n!r}; choose from {', '.join(GRADIENT_MODELS)}")
+    return names
+
+
+def gradient(spec: str | list[str], Z, L, seed: int, step: int, params: AdversaryParams, probe=None):
+    """Sum of the named models' gradients at this step, each from its own seeded stream."""
+    names = parse_adversary(spec) if isinstance(spec, str) else spec
+    GZ = np.zeros_like(Z)
+    GL = np.zeros_like(L)
+    for index, name in enumerate(names):
+        rng = np.random.default_rng([seed, step, index])
+        gz, gl = GRADIENT_MODELS[name](Z, L, rng, params, probe)
+        GZ += gz
+        GL += gl
+    return GZ, GL
+
+
+def _gaussian(shape, rng):
+    # entries N(0, 1/n) so the Frobenius norm is about 1 whatever the size
+    return rng.standard_normal(shape) / np.sqrt(np.prod(shape))
+
+
+def _zipf_ids(vocab: int, count: int, exponent: float, rng) -> np.ndarray:
+    weights = 1.0 / np.arange(1, vocab + 1) ** exponent
+    return rng.choice(vocab, size=count, p=weights / weights.sum())
+
+
+def _factor_gradient(GT, L):
+    # dT = dL L^T + L dL^T, so a loss gradient G_T on T gives G_L = (G_T + G_T^T) L
+    return (GT + GT.T) @ L
+
+
+@register("gaussian")
+def gaussian(Z, L, rng, params, probe):
+    """Isotropic noise, ||G_Z||_F ~ 1 and ||G_L||_F ~ 1."""
+    return _gaussian(Z.shape, rng), _gaussian(L.shape, rng)
+
+
+@register("dense_output")
+def dense_output(Z, L, rng, params, probe):
+    """Cross-entropy gradient of the head (h T) Z^T at Zipf-distributed targets: every row of Z moves."""
+    V, D = Z.shape
+    h = rng.standard_normal((params.batch, D))
+    hT = (h @ L) @ L.T
+    logit = hT @ Z.T
+    logit -= logit.max(axis=1, keepdims=True)
+    prob = np.exp(logit)
+    prob /= prob.sum(axis=1, keepdims=True)
+    targets = _zipf_ids(V, params.batch, params.zipf_exponent, rng)
+    prob[np.arange(params.batch), targets] -= 1.0
+    dlogit = prob / params.batch  # B x V, O(B V)
+    GZ = dlogit.T @ hT
+    GT = h.T @ (dlogit @ Z)
+    return GZ, _factor_gradient(GT, L)
+
+
+@register("sparse_input")
+def sparse_input(Z, L, rng, params, probe):
+    """Input-side gradient: only the rows of the batch's (Zipf) tokens move, scaled by input_scale."""
+    V, D = Z.shape
+    ids = _zipf_ids(V, params.batch, params.zipf_exponent, rng)
+    upstream = rng.standard_normal((params.batch, D)) / np.sqrt(D)  # dLoss/de_v
+    # e_v = T^{-1} z_v: dLoss/dz_v = T^{-1} g_v and dLoss/dT = -sum_v T^{-1} g_v e_v^T
+    Tinv_g = scipy.linalg.cho_solve((L, True), upstream.T).T
+    e = scipy.linalg.cho_solve((L, True), Z[ids].T).T
+    GZ = np.zeros_like(Z)
+    np.add.at(GZ, ids, Tinv_g)
+    GT = -Tinv_g.T @ e
+    return params.input_scale * GZ, params.input_scale * _factor_gradient(0.5 * (GT + GT.T), L)
+
+
+@register("normal")
+def normal(Z, L, rng, params, probe):
+    """Off-manifold gradient Z S (S symmetric): exactly normal, so all that enters is projection error."""
+    S = _gaussian((Z.shape[1],) * 2, rng)
+    return params.normal_scale * Z @ (S + S.T), np.zeros_like(L)
+
+
+@register("spike")
+def spike(Z, L, rng, params, probe):
+    """With probability spike_probability, a Gaussian burst spike_scale times the usual size."""
+    if rng.random() >= params.spike_probability:
+        return np.zeros_like(Z), np.zeros_like(L)
+    return params.spike_scale * _gaussian(Z.shape, rng), params.spike_scale * _gaussian(L.shape, rng)
+
+
+@register("heavy_tail")
+def heavy_tail(Z, L, rng, params, probe):
+    """Student-t entries with 1.5 degrees of freedom: finite mean, infinite variance."""
+    n_z, n_l = Z.size, L.size
+    return (
+        rng.standard_t(1.5, Z.shape) / np.sqrt(n_z),
+        rng.standard_t(1.5, L.shape) / np.sqrt(n_l),
+    )
+
+
+@register("rank1")
+def rank1(Z, L, rng, params, probe):
+    """With probability burst_probability, a rank-1 burst (Z c) d^T lying in the span of Z."""
+    if rng.random() >= params.burst_probability:
+        return np.zeros_like(Z), np.zeros_like(L)
+    D = Z.shape[1]
+    c = rng.standard_normal(D)
+    d = rng.standard_normal(D)
+    return params.burst_scale * np.outer(Z @ (c / np.linalg.norm(c)), d / np.linalg.norm(d)), np.zeros_like(L)
+
+
+@register("conditioning")
+def conditioning(Z, L, rng, params, probe):
+    """Drives sigma_min(L) down: G_L = tril(u v^T) for the smallest singular pair of L.
+
+    A descent step L - lr G_L changes sigma_min by -lr sum_{i>=j} u_i^2 v_j^2 <= 0.
+    """
+    U, s, Vt = np.linalg.svd(L)
+    G = np.tril(np.outer(U[:, -1], Vt[-1]))
+    return np.zeros_like(Z), params.attack_scale * G / np.linalg.norm(G)
+
+
+@register("nonfinite")
+def nonfinite(Z, L, rng, params, probe):
+    """Gaussian noise with a NaN or Inf entry at probability nonfinite_probability (bad-input test)."""
+    GZ, GL = gaussian(Z, L, rng, params, probe)
+    if rng.random() < params.nonfinite_probability:
+        GZ[rng.integers(Z.shape[0]), rng.integers(Z.shape[1])] = rng.choice([np.nan, np.inf, -np.inf])
+    return GZ, GL
+
+
+ADAPTIVE_CANDIDATES = ("gaussian", "dense_output", "rank1", "normal", "conditioning")
+
+
+@register("adaptive")
+def adaptive(Z, L, rng, params, probe):
+    """Of the candidate models' gradients this step, the one whose trial step grows the tracked error most.
+
+    The tracked error is the drift bound cond(T) (||Z^T Z - I||_F + u) after a trial step through the
+    run's own optimizer and retraction (`probe`); without a probe it is judged at Z + G.
+    """
+    best, best_err = None, -np.inf
+    for name in ADAPTIVE_CANDIDATES:
+        child = np.random.default_rng(rng.integers(2**63))
+        g = GRADIENT_MODELS[name](Z, L, child, params, None)
+        err = probe(*g) if probe is not None else _drift_bound(Z - g[0], L - np.tril(g[1]))
+        if err > best_err:
+            best, best_err = g, err
+    return best
+
+
+def _drift_bound(Z, L):
+    s = np.linalg.svd(L, compute_uv=False)
+    return (s[0] / s[-1]) ** 2 * (np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])) + np.finfo(float).eps / 2)
