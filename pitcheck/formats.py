@@ -120,12 +120,14 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
 
         finite = np.isfinite(x)
     # frexp: x = m 2^e with 0.5 <= |m| < 1, so a normal number of fmt has e - 1 >= emin.
-    _, e = xp_frexp(where(finite, x, 0 * x))
+    x_finite = where(finite, x, 0.0)
+    _, e = xp_frexp(x_finite)
     e = maximum_int(e, fmt.emin + 1)  # below the normal range the quantum stays fixed (subnormals)
     shift = fmt.p - e  # quantum is 2^(e - p)
-    scaled = xp_ldexp(where(finite, x, 0 * x), shift)
+    scaled = xp_ldexp(x_finite, shift)
     y = xp_ldexp(xp_round(scaled), -shift)
     overflow = xp_abs(y) > fmt.max
     big = (xp_copysign(y * 0 + float("inf"), y) if fmt.has_inf else y * 0 + float("nan"))
     y = where(overflow, big, y)
-    return where(finite, y, x)
+    # infinities pass through, except into a format that has none (as ml_dtypes does)
+    return where(finite, y, x if fmt.has_inf else x * 0.0 + float("nan"))

@@ -134,15 +134,19 @@ def pinv_error(E: np.ndarray, B: np.ndarray) -> float:
     return float(np.linalg.norm(B.T - pinv) / np.linalg.norm(pinv))
 
 
-def interface_metrics(Z, L, E, u: float, sample_rows: int = 256) -> dict:
-    """Every tracked metric for a PIT model: Z and L as stored, E the embedding rows as computed."""
+def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256) -> dict:
+    """Every tracked metric for a PIT model: Z and L as stored, E the embedding rows as computed.
+
+    u is the unit roundoff errors are reported in; factor_u (default u) that of the precision T would
+    be factorised in, which decides the Cholesky breakdown margin.
+    """
     Z = np.asarray(Z, dtype=np.float64)
     L = np.asarray(L, dtype=np.float64)
     E = np.asarray(E, dtype=np.float64)
     if Z.shape != E.shape or L.shape != (Z.shape[1], Z.shape[1]):
         raise PitcheckError(f"shape mismatch: Z {Z.shape}, L {L.shape}, E {E.shape}")
     out = {"orthonormality": orthonormality_loss(Z), "orthonormality_ratio": orthonormality_ratio(Z, u)}
-    out.update(cholesky_conditioning(L, u))
+    out.update(cholesky_conditioning(L, u if factor_u is None else factor_u))
     ids = sample_ids(Z.shape[0], sample_rows)
     out.update(trisolve_errors(Z, L, E[ids], ids, u, out["cond_T"]))
     B = Z @ (L @ L.T)  # W^T = Z T

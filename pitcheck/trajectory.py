@@ -24,6 +24,7 @@ import numpy as np
 from . import __version__
 from .engine import Engine, StepSettings
 from .errors import PitcheckError
+from .formats import FORMATS
 from .gradients import AdversaryParams, gradient, parse_adversary
 from .metrics import EXTENDED_BITS, interface_metrics, orthonormality_loss
 from .policy import get_policy
@@ -255,7 +256,15 @@ class Trajectory:
             self.shadow.load_state_dict({k[7:]: v for k, v in ck.items() if k.startswith("shadow_")})
         self.rows = [r for r in read_metrics(self.out / "metrics.csv") if r["step"] <= self.step]
         self.events = [e for e in read_events(self.out / "events.jsonl") if e["step"] <= self.step]
-        self.crossed = {f"{e['metric']}>{e['level']:g}" for e in self.events if e["event"] == "threshold_crossed"}
+        self.crossed = {
+            f"{e['metric']}>{lv:g}"
+            for e in self.events
+            if e["event"] == "threshold_crossed"
+            for lv in THRESHOLDS[e["metric"]]
+            if lv <= e["level"]
+        }
+        if any(e["event"] == "precision_cannot_resolve" for e in self.events):
+            self.crossed.add("unresolved")
         self.resumed_from = self.step
 
     def _save(self) -> None:
@@ -278,7 +287,8 @@ class Trajectory:
     def measure(self) -> dict:
         Z, L = self.engine.stored()
         row = {"step": self.step}
-        row.update(interface_metrics(Z, L, self.engine.embed_all(), self.policy.u))
+        factor_u = FORMATS[self.policy.factor].u
+        row.update(interface_metrics(Z, L, self.engine.embed_all(), self.policy.u, factor_u))
         row["shadow_Z"] = row["shadow_T"] = float("nan")
         if self.shadow:
             Zr, Lr = self.shadow.stored()
@@ -292,12 +302,12 @@ class Trajectory:
         row = self.measure()
         self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
         for metric, levels in THRESHOLDS.items():
-            for level in levels:
-                key = f"{metric}>{level:g}"
-                if key not in self.crossed and row[metric] > level:
-                    self.crossed.add(key)
-                    self._event(self.step, {"event": "threshold_crossed", "metric": metric, "level": level,
-                                            "value": row[metric]})
+            # one event per metric and record: the highest level crossed for the first time
+            new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in self.crossed]
+            if new:
+                self.crossed.update(f"{metric}>{lv:g}" for lv in levels if row[metric] > lv)
+                self._event(self.step, {"event": "threshold_crossed", "metric": metric, "level": max(new),
+                                        "value": row[metric]})
         if not row["trisolve_resolved"] and "unresolved" not in self.crossed:
             self.crossed.add("unresolved")
             self._event(self.step, {"event": "precision_cannot_resolve", "metric": "trisolve_forward",

@@ -1,0 +1,103 @@
+"""Command line: a thin layer over pitcheck's Python API. Bad input ends in a one-line error, exit 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from dataclasses import fields, replace
+
+from .engine import OPTIMIZERS
+from .errors import PitcheckError
+from .gradients import GRADIENT_MODELS
+from .policy import POLICIES
+from .retractions import RETRACTIONS
+from .trajectory import RunConfig
+
+DEFAULTS = RunConfig()
+
+
+def _add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int) -> None:
+    p.add_argument("--adversary", default=DEFAULTS.adversary,
+                   help=f"comma-separated gradient models, summed: {', '.join(GRADIENT_MODELS)}")
+    p.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--vocab", type=int, default=vocab)
+    p.add_argument("--dim", type=int, default=dim)
+    p.add_argument("--cond", type=float, default=DEFAULTS.cond, help="condition number of the initial T")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--device", default=DEFAULTS.device, help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--reproject-every", type=int, default=0, metavar="K",
+                   help="re-project Z onto the manifold (polar) every K steps")
+    p.add_argument("--reproject-threshold", type=float, default=0.0, metavar="TOL",
+                   help="re-project when ||Z^T Z - I||_F exceeds TOL")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pitcheck", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="simulate one trajectory and write a run directory")
+    p.add_argument("--backend", default="numpy", choices=["numpy", "torch"])
+    p.add_argument("--precision", default="fp64", choices=list(POLICIES))
+    p.add_argument("--retraction", default=DEFAULTS.retraction, help=", ".join(RETRACTIONS))
+    _add_run_options(p, DEFAULTS.steps, DEFAULTS.vocab, DEFAULTS.dim)
+    p.add_argument("--no-shadow", action="store_true", help="torch backend: skip the float64 shadow")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+
+    c = sub.add_parser("compare", help="grid of precisions x retractions: report.md and compare.png")
+    c.add_argument("--precisions", default="fp64,fp32,bf16,bf16-mixed,fp16")
+    c.add_argument("--retractions", default="qr,polar,cayley")
+    _add_run_options(c, 2000, 1024, 32)
+    c.add_argument("--out", default="results/compare")
+
+    g = sub.add_parser("plot", help="plot metrics of run directories against step")
+    g.add_argument("runs", nargs="+")
+    g.add_argument("--metrics", default="orthonormality,pinv_drift,trisolve_forward")
+    g.add_argument("--out", required=True, help="PNG file")
+    return parser
+
+
+def _config(args, **over) -> RunConfig:
+    names = {f.name for f in fields(RunConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    return replace(DEFAULTS, **values, **over)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    progress = False if getattr(args, "no_progress", False) else None  # None: a bar only on a terminal
+    try:
+        if args.command == "run":
+            from .trajectory import run
+
+            cfg = _config(args, shadow=not args.no_shadow)
+            rows = run(cfg, args.out, resume=args.resume, progress=progress)
+            last = rows[-1]
+            print(f"step {last['step']}: orthonormality {last['orthonormality']:.3e}  "
+                  f"pinv_drift {last['pinv_drift']:.3e}  cond_T {last['cond_T']:.3e}  "
+                  f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  -> {args.out}")
+        elif args.command == "compare":
+            from .report import compare
+
+            summary = compare(args.out, _config(args), args.precisions.split(","), args.retractions.split(","),
+                              progress=progress)
+            print((Path(args.out) / "report.md").read_text())
+            print(f"{len(summary)} runs -> {args.out}/report.md, {args.out}/compare.png")
+        elif args.command == "plot":
+            from .report import plot_runs
+
+            print(plot_runs(args.runs, args.out, args.metrics.split(",")))
+    except PitcheckError as exc:
+        print(f"pitcheck: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pitcheck: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
