@@ -15,7 +15,7 @@ from .arrays import NumpyOps, TorchOps
 from .errors import PitcheckError
 from .formats import FORMATS
 from .policy import Policy
-from .reference import softplus_inverse
+from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -153,6 +153,8 @@ class Engine:
     # ---- the maps ----------------------------------------------------------------------------
     def embed_all(self) -> np.ndarray:
         """E = Z T^{-1} as this policy computes it: solves upcast to the factor dtype, result stored."""
+        if self.backend == "numpy":
+            return embedding_matrix(self.Z, self.L)
         p = self.policy
         L = self._to(self.L, p.factor)
         y = self.ops.solve_triangular(L, self._to(self.Z, p.factor).T, lower=True)

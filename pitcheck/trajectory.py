@@ -347,8 +347,8 @@ class Trajectory:
                     self._record()
                 progress.update(self.step)
         except KeyboardInterrupt:
-            if not self.rows or self.rows[-1]["step"] != self.step:
-                self._record()
+            # keep the work done: checkpoint this step (metrics rows stay those of the recorded steps)
+            self._save()
             raise PitcheckError(f"interrupted at step {self.step}; continue with --resume (same --out)") from None
         if not self.rows or self.rows[-1]["step"] != self.step:
             self._record()

@@ -1,0 +1,146 @@
+"""Trajectories: the run directory, recomputation from the checkpoint, resume, bad input."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pitcheck import PitcheckError, cli, metrics, reference, trajectory
+from pitcheck.trajectory import RunConfig, read_events, read_metrics, recorded_steps, run
+
+U = 2.0**-53
+
+
+def test_recorded_steps_are_log_spaced_with_ends():
+    s = recorded_steps(1000, 10)
+    assert s[0] == 0 and s[-1] == 1000 and s == sorted(set(s))
+    assert 25 <= len(s) <= 35
+    assert recorded_steps(0, 10) == [0]
+
+
+def test_run_writes_directory_and_last_row_matches_checkpoint(tmp_path):
+    cfg = RunConfig(vocab=1024, dim=32, steps=300, retraction="qr", seed=3)
+    rows = run(cfg, tmp_path)
+    for name in ("manifest.json", "metrics.csv", "events.jsonl", "checkpoint.npz"):
+        assert (tmp_path / name).exists()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["config"]["seed"] == 3 and manifest["versions"]["numpy"]
+    assert rows[-1]["step"] == 300
+    with np.load(tmp_path / "checkpoint.npz") as ck:
+        Z, L, step = ck["Z"], ck["L"], int(ck["step"])
+    assert step == 300
+    again = metrics.interface_metrics(Z, L, reference.embedding_matrix(Z, L), U)
+    last = read_metrics(tmp_path / "metrics.csv")[-1]
+    for key in trajectory.METRIC_COLUMNS[1:-3]:
+        assert last[key] == pytest.approx(again[key], rel=1e-12, abs=0), key
+
+
+@pytest.mark.parametrize("retraction", ["qr", "polar", "cayley"])
+def test_fp64_retractions_keep_orthonormality_and_none_drifts(tmp_path, retraction):
+    rows = run(RunConfig(vocab=1024, dim=32, steps=300, retraction=retraction), tmp_path / retraction)
+    assert max(r["orthonormality"] for r in rows) < 1e-12
+    none = run(RunConfig(vocab=1024, dim=32, steps=300, retraction="none"), tmp_path / "none")
+    assert none[-1]["orthonormality"] > 1e-6
+
+
+class _Interrupt:
+    """Stand-in gradient stream that raises KeyboardInterrupt once, at a given step."""
+
+    def __init__(self, at):
+        self.at, self.real = at, trajectory.gradient
+
+    def __call__(self, names, Z, L, seed, step, params, probe=None):
+        if step == self.at:
+            self.at = None
+            raise KeyboardInterrupt
+        return self.real(names, Z, L, seed, step, params, probe)
+
+
+@pytest.mark.parametrize("backend,precision", [("numpy", "fp64"), ("torch", "bf16-mixed"), ("torch", "fp16")])
+def test_interrupted_run_resumes_with_identical_results(tmp_path, monkeypatch, backend, precision):
+    cfg = RunConfig(backend=backend, precision=precision, vocab=200, dim=8, steps=120, optimizer="adam",
+                    retraction="cayley", adversary="gaussian,spike", device="cpu")
+    full = run(cfg, tmp_path / "full")
+    monkeypatch.setattr(trajectory, "gradient", _Interrupt(at=57))
+    with pytest.raises(PitcheckError, match="interrupted at step 57"):
+        run(cfg, tmp_path / "cut")
+    with np.load(tmp_path / "cut" / "checkpoint.npz") as ck:
+        assert int(ck["step"]) == 57
+    resumed = run(cfg, tmp_path / "cut", resume=True)
+    assert (tmp_path / "full" / "metrics.csv").read_bytes() == (tmp_path / "cut" / "metrics.csv").read_bytes()
+    assert [r["step"] for r in resumed] == [r["step"] for r in full]
+    with np.load(tmp_path / "full" / "checkpoint.npz") as a, np.load(tmp_path / "cut" / "checkpoint.npz") as b:
+        assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_same_command_gives_same_numbers(tmp_path):
+    cfg = RunConfig(vocab=300, dim=8, steps=50, adversary="dense_output,heavy_tail", optimizer="momentum")
+    run(cfg, tmp_path / "a")
+    run(cfg, tmp_path / "b")
+    assert (tmp_path / "a" / "metrics.csv").read_bytes() == (tmp_path / "b" / "metrics.csv").read_bytes()
+
+
+def test_resume_refuses_a_different_config_and_overwrite_refuses(tmp_path):
+    cfg = RunConfig(vocab=100, dim=4, steps=10)
+    run(cfg, tmp_path)
+    with pytest.raises(PitcheckError, match="config differs in retraction"):
+        run(replace(cfg, retraction="polar"), tmp_path, resume=True)
+    with pytest.raises(PitcheckError, match="already holds a run"):
+        run(cfg, tmp_path)
+    # a longer run may continue a shorter one
+    rows = run(replace(cfg, steps=20), tmp_path, resume=True)
+    assert rows[-1]["step"] == 20
+
+
+def test_nonfinite_gradients_are_recorded_and_skipped(tmp_path):
+    cfg = RunConfig(vocab=100, dim=4, steps=200, adversary="nonfinite", retraction="qr")
+    rows = run(cfg, tmp_path)
+    events = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "nonfinite_gradient"]
+    assert 2 <= len(events) <= 25  # p = 0.05 of 200 steps
+    assert all(np.isfinite(r["orthonormality"]) for r in rows)
+    assert rows[-1]["orthonormality"] < 1e-12
+
+
+def test_conditioning_attack_raises_cond_and_records_crossings(tmp_path):
+    cfg = RunConfig(vocab=100, dim=6, steps=300, adversary="conditioning", lr=0.05)
+    rows = run(cfg, tmp_path)
+    assert rows[-1]["cond_T"] > 100 * rows[0]["cond_T"]
+    crossed = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "threshold_crossed"]
+    assert any(e["metric"] == "cond_T" for e in crossed)
+
+
+def test_adaptive_adversary_runs(tmp_path):
+    rows = run(RunConfig(vocab=100, dim=4, steps=20, adversary="adaptive", retraction="cayley"), tmp_path)
+    assert rows[-1]["step"] == 20 and np.isfinite(rows[-1]["pinv_drift"])
+
+
+def test_reproject_threshold_fires_events(tmp_path):
+    cfg = RunConfig(vocab=200, dim=6, steps=100, retraction="none", reproject_threshold=1e-6, lr=0.05)
+    rows = run(cfg, tmp_path)
+    assert any(e["event"] == "reprojected" for e in read_events(tmp_path / "events.jsonl"))
+    assert max(r["orthonormality"] for r in rows) < 1e-6
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--vocab", "10", "--dim", "32"], "V=10 < D=32"),
+    (["run", "--retraction", "householder"], "unknown retraction"),
+    (["run", "--adversary", "gaussian,nope"], "unknown gradient model"),
+    (["run", "--lr", "nan"], "--lr must be"),
+    (["run", "--precision", "bf16"], "numpy backend is the float64 reference"),
+    (["run", "--steps", "-3"], "--steps must be"),
+])
+def test_cli_bad_input_is_one_line(tmp_path, capsys, argv, message):
+    assert cli.main(argv + ["--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pitcheck: error:") and message in err and "\n" not in err
+
+
+def test_cli_run_prints_summary(tmp_path, capsys):
+    assert cli.main(["run", "--vocab", "64", "--dim", "4", "--steps", "5", "--out", str(tmp_path)]) == 0
+    assert "step 5: orthonormality" in capsys.readouterr().out
+
+
+def test_progress_bar_draws_when_enabled(capsys):
+    p = trajectory.Progress(10, "demo", enabled=True)
+    p.update(10)
+    assert "demo [" in capsys.readouterr().err
