@@ -81,18 +81,25 @@ class NumpyOps:
 class TorchOps:
     name = "torch"
 
-    def __init__(self, matmul_format: Format | None = None, matmul_dtype=None):
+    def __init__(self, matmul_format: Format | None = None, matmul_dtype=None, native: bool = True):
+        """matmul_format: round operands to it (tf32 emulation); matmul_dtype: bf16/fp16 matmuls, run in
+        that dtype when native (CUDA tensor cores), else emulated: operands cast exactly to it, product
+        accumulated in the working dtype and rounded to it (the tensor-core contract, fast on a CPU)."""
         import torch
 
         self.torch = torch
-        self.matmul_format = matmul_format  # emulate by rounding the operands
-        self.matmul_dtype = matmul_dtype  # run natively in this dtype (bf16/fp16 tensor cores)
+        self.matmul_format = matmul_format
+        self.matmul_dtype = matmul_dtype
+        self.native = native
 
     def matmul(self, a, b):
         if self.matmul_dtype is not None and self.matmul_dtype != a.dtype:
-            return (a.to(self.matmul_dtype) @ b.to(self.matmul_dtype)).to(a.dtype)
+            low = self.matmul_dtype
+            if self.native:
+                return (a.to(low) @ b.to(low)).to(a.dtype)
+            return (a.to(low).to(a.dtype) @ b.to(low).to(a.dtype)).to(low).to(a.dtype)
         if self.matmul_format is not None:
-            a, b = round_to(a, self.matmul_format), round_to(b, self.matmul_format)
+            a, b = round_float32(a, self.matmul_format), round_float32(b, self.matmul_format)
         return a @ b
 
     def eye(self, n, like):
@@ -148,6 +155,19 @@ class TorchOps:
 
     def to_numpy(self, x):
         return x.detach().to("cpu", self.torch.float64).numpy()
+
+
+def round_float32(x, fmt: Format):
+    """Round a float32 torch tensor to fmt (p <= 24, fp32's exponent range) by integer bit arithmetic:
+    add half an ulp of fmt plus the tie-to-even bit, then clear the dropped bits. Exact RNE, and fast."""
+    torch = __import__("torch")
+    if x.dtype != torch.float32 or fmt.emin != -126 or fmt.emax != 127:
+        return round_to(x, fmt)
+    drop = 24 - fmt.p
+    bits = x.view(torch.int32)
+    bias = (1 << (drop - 1)) - 1 + ((bits >> drop) & 1)
+    y = ((bits + bias) & ~((1 << drop) - 1)).view(torch.float32)
+    return torch.where(torch.isfinite(x), y, x)
 
 
 def ops_for(x) -> NumpyOps | TorchOps:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .arrays import NumpyOps, TorchOps
 from .errors import PitcheckError
-from .formats import FORMATS
+from .formats import FORMATS, round_to
 from .policy import Policy
 from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
@@ -89,7 +89,10 @@ class Engine:
                 self.ops = TorchOps(matmul_format=FORMATS["tf32"])
                 self.emulated.append("tf32 matmul emulated on CPU by rounding operands to 11 bits")
             elif policy.matmul in ("bf16", "fp16"):
-                self.ops = TorchOps(matmul_dtype=self._dtype[policy.matmul])
+                self.ops = TorchOps(matmul_dtype=self._dtype[policy.matmul], native=on_cuda)
+                if not on_cuda:
+                    self.emulated.append(f"{policy.matmul} matmul emulated on CPU: operands cast to "
+                                         f"{policy.matmul}, fp32 accumulation, result rounded")
             else:
                 self.ops = TorchOps()
         else:
@@ -163,12 +166,12 @@ class Engine:
 
     # ---- one step ----------------------------------------------------------------------------
     def _gradient(self, G: np.ndarray):
+        """G (times the loss scale) in the gradient format, and whether it fits without overflow."""
         p = self.policy
-        if p.loss_scaling:
-            g = self._to(G * self.loss_scale, p.gradient)
-            return g, self.ops.isfinite_all(g)
-        g = self._to(G, p.gradient)
-        return g, self.ops.isfinite_all(g)
+        scaled = G * self.loss_scale if p.loss_scaling else G
+        # an entry overflows exactly when the largest magnitude rounds to infinity in that format
+        peak = round_to(np.array([np.abs(scaled).max(initial=0.0)]), FORMATS[p.gradient])[0]
+        return self._to(scaled, p.gradient), bool(np.isfinite(peak))
 
     def step(self, GZ: np.ndarray, GL: np.ndarray, step_index: int) -> list[dict]:
         """Apply one gradient; returns the events it caused (an empty list on a clean step)."""

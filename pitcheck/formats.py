@@ -101,6 +101,7 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
             return torch.clamp(e, min=lo)
 
         finite = torch.isfinite(x)
+        full_like = torch.full_like
     else:
         x = np.asarray(x)
         xp_frexp, xp_ldexp, xp_abs, xp_copysign = np.frexp, np.ldexp, np.abs, np.copysign
@@ -119,6 +120,7 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
             return np.maximum(e, lo)
 
         finite = np.isfinite(x)
+        full_like = np.full_like
     # frexp: x = m 2^e with 0.5 <= |m| < 1, so a normal number of fmt has e - 1 >= emin.
     x_finite = where(finite, x, 0.0)
     _, e = xp_frexp(x_finite)
@@ -127,7 +129,7 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
     scaled = xp_ldexp(x_finite, shift)
     y = xp_ldexp(xp_round(scaled), -shift)
     overflow = xp_abs(y) > fmt.max
-    big = (xp_copysign(y * 0 + float("inf"), y) if fmt.has_inf else y * 0 + float("nan"))
+    big = xp_copysign(full_like(y, float("inf")), y) if fmt.has_inf else full_like(y, float("nan"))
     y = where(overflow, big, y)
     # infinities pass through, except into a format that has none (as ml_dtypes does)
-    return where(finite, y, x if fmt.has_inf else x * 0.0 + float("nan"))
+    return where(finite, y, x if fmt.has_inf else full_like(x, float("nan")))

@@ -9,6 +9,7 @@ A torch run also steps a float64 numpy shadow on the same gradient stream and re
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -126,6 +127,7 @@ def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
     return Z0, L0
 
 
+@functools.lru_cache(maxsize=1)
 def versions() -> dict:
     import scipy
 
