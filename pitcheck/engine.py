@@ -209,10 +209,13 @@ class Engine:
         if s.reproject_every and (step_index + 1) % s.reproject_every == 0:
             Z_new = reproject(Z_new, ops)
         elif s.reproject_threshold:
-            gram_err = ops.norm(ops.matmul(Z_new.T, Z_new) - ops.eye(Z_new.shape[1], like=Z_new))
+            eye = ops.eye(Z_new.shape[1], like=Z_new)
+            gram_err = ops.norm(ops.matmul(Z_new.T, Z_new) - eye)
             if gram_err > s.reproject_threshold:
                 Z_new = reproject(Z_new, ops)
-                events.append({"event": "reprojected", "orthonormality": gram_err})
+                # 'after' above the threshold means the guard asks for less than this precision can give
+                after = ops.norm(ops.matmul(Z_new.T, Z_new) - eye)
+                events.append({"event": "reprojected", "orthonormality": gram_err, "after": after})
         raw_new = raw - s.lr * direction_L
         if not (ops.isfinite_all(Z_new) and ops.isfinite_all(raw_new)):
             return events + [{"event": "nonfinite_state", "action": "step skipped"}]

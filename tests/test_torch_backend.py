@@ -1,0 +1,92 @@
+"""The torch backend: every precision policy on CPU, the float64 shadow, fp16 loss scaling, CUDA paths."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pitcheck import PitcheckError
+from pitcheck.formats import round_to
+from pitcheck.gradients import AdversaryParams
+from pitcheck.policy import POLICIES, get_policy
+from pitcheck.trajectory import RunConfig, read_events, run
+
+CUDA = torch.cuda.is_available()
+
+
+def _cfg(**kw):
+    base = dict(backend="torch", vocab=256, dim=16, steps=60, device="cpu", optimizer="adam", lr=1e-2)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+@pytest.mark.parametrize("retraction", ["qr", "polar", "cayley"])
+def test_fp64_torch_follows_the_numpy_trajectory(tmp_path, retraction):
+    # the shadow is the numpy reference on the same gradient stream
+    rows = run(_cfg(precision="fp64", retraction=retraction, steps=100, vocab=512, dim=16,
+                    adversary="gaussian,dense_output"), tmp_path)
+    assert rows[-1]["shadow_Z"] < 1e-9 and rows[-1]["shadow_T"] < 1e-9
+
+
+def test_shadow_distance_detects_a_different_trajectory(tmp_path):
+    # the same check must fail when the two runs do differ: bf16 storage is far from float64
+    rows = run(_cfg(precision="bf16", retraction="qr"), tmp_path)
+    assert rows[-1]["shadow_Z"] > 1e-4
+
+
+@pytest.mark.parametrize("precision", list(POLICIES))
+def test_every_policy_runs_on_cpu_and_says_where_things_live(tmp_path, precision):
+    rows = run(_cfg(precision=precision, retraction="qr", adversary="gaussian,sparse_input"), tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    policy = get_policy(precision)
+    assert manifest["policy"]["storage"] == policy.storage and manifest["device"] == "cpu"
+    if policy.matmul in ("tf32", "bf16", "fp16"):
+        assert any(policy.matmul in note for note in manifest["emulated"])
+    with np.load(tmp_path / "checkpoint.npz") as ck:
+        Z, L, master = ck["Z"], ck["L"], ck["engine_master_Z"]
+    # what the model computes with really is in its storage format
+    assert np.array_equal(round_to(Z, policy.storage), Z) and np.array_equal(round_to(L, policy.storage), L)
+    if policy.mixed:
+        assert not np.array_equal(round_to(master, policy.storage), master)  # fp32 master copy
+    assert all(np.isfinite(r["orthonormality"]) for r in rows)
+    # a projective retraction keeps Z at the storage format's floor: a few u * sqrt(D)
+    assert rows[-1]["orthonormality"] < 30 * policy.u * 16
+
+
+@pytest.mark.parametrize("precision,low,high", [("bf16", 1e-3, 1e-2), ("fp16", 1e-4, 2e-3), ("fp32", 1e-8, 1e-6)])
+def test_storage_floor_shows_from_step_zero(tmp_path, precision, low, high):
+    rows = run(_cfg(precision=precision, steps=0, vocab=2048, dim=64), tmp_path)
+    assert low < rows[0]["orthonormality"] < high
+
+
+def test_fp16_overflow_is_recorded_skipped_and_the_loss_scale_backs_off(tmp_path):
+    spikes = AdversaryParams(spike_scale=1e4, spike_probability=0.05)  # 1e4 x 2^16 overflows fp16
+    cfg = _cfg(precision="fp16", adversary="gaussian,spike", steps=300, adversary_params=spikes)
+    rows = run(cfg, tmp_path)
+    overflow = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "gradient_overflow"]
+    assert overflow and all("loss scale halved" in e["action"] for e in overflow)
+    assert rows[-1]["loss_scale"] < 2.0**16
+    assert np.isfinite(rows[-1]["orthonormality"])
+
+
+def test_bf16_without_loss_scaling_takes_the_same_spikes(tmp_path):
+    cfg = _cfg(precision="bf16", adversary="gaussian,spike", steps=100)
+    run(cfg, tmp_path)
+    assert not [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "gradient_overflow"]
+
+
+def test_unknown_precision_and_missing_cuda_are_clear_errors(tmp_path):
+    with pytest.raises(PitcheckError, match="unknown precision"):
+        run(_cfg(precision="fp12"), tmp_path / "a")
+    if not CUDA:
+        with pytest.raises(PitcheckError, match="no CUDA device"):
+            run(_cfg(device="cuda"), tmp_path / "b")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16-mixed"])
+def test_cuda_runs_natively(tmp_path, precision):
+    rows = run(_cfg(precision=precision, device="auto"), tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["device"].startswith("cuda") and manifest["emulated"] == []
+    assert np.isfinite(rows[-1]["pinv_drift"])
