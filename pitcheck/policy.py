@@ -1,9 +1,10 @@
 """Precision policies: where every quantity of a PIT model lives.
 
-A policy names the storage format of Z and L (what the model computes with), the master copy the
-optimizer updates (mixed policies keep it in fp32), the dtype of factorisations and solves (torch has no
-half-precision QR/SVD/eigh/Cholesky/triangular solve, so those are upcast), the matmul precision, the
-gradient format and whether fp16 loss scaling is on. `describe()` goes into every run's manifest.
+A policy names the storage format of Z and L (what the model computes with, embedding and head), the
+master copy the optimizer updates (mixed policies keep it in fp32), the dtype of factorisations and
+solves (torch has no half-precision QR/SVD/eigh/Cholesky/triangular solve, so those are upcast), the
+matmul precision of the optimizer step and retraction, the gradient format and whether fp16 loss
+scaling is on. `describe()` goes into every run's manifest.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class Policy:
     storage: str  # format of the Z and L the model computes with
     master: str  # format the optimizer updates (== storage unless mixed)
     factor: str  # dtype of QR/SVD/eigh/Cholesky/triangular solves
-    matmul: str  # format of matmul operands (fp32 accumulation for tf32/bf16/fp16)
+    matmul: str  # format of matmul operands in the optimizer step and retraction (fp32 accumulation)
     gradient: str  # format gradients arrive in
     loss_scaling: bool = False
 
@@ -46,8 +47,9 @@ POLICIES: dict[str, Policy] = {
         Policy("tf32", "fp32", "fp32", "fp32", "tf32", "fp32"),
         Policy("bf16", "bf16", "bf16", "fp32", "bf16", "bf16"),
         Policy("fp16", "fp16", "fp16", "fp32", "fp16", "fp16", loss_scaling=True),
-        Policy("bf16-mixed", "bf16", "fp32", "fp32", "bf16", "bf16"),
-        Policy("fp16-mixed", "fp16", "fp32", "fp32", "fp16", "fp16", loss_scaling=True),
+        # as under AMP, the optimizer step (retraction included) runs on the fp32 master in fp32
+        Policy("bf16-mixed", "bf16", "fp32", "fp32", "fp32", "bf16"),
+        Policy("fp16-mixed", "fp16", "fp32", "fp32", "fp32", "fp16", loss_scaling=True),
     ]
 }
 

@@ -236,6 +236,7 @@ class Trajectory:
             "policy": self.policy.describe(),
             "device": self.engine.device,
             "emulated": self.engine.emulated,
+            "torch_cpu_threads": 1 if self.engine.backend == "torch" and self.engine.device == "cpu" else None,
             "extended_precision_bits": EXTENDED_BITS,
             "versions": versions(),
             "platform": platform.platform(),
@@ -328,6 +329,20 @@ class Trajectory:
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
+        if self.engine.backend == "torch" and self.engine.device == "cpu":
+            # torch's and OpenBLAS's thread pools spin against each other on shared cores (measured 3x
+            # slower on 2 cores with the numpy shadow), so torch gets one thread for the run
+            import torch
+
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return self._run()
+            finally:
+                torch.set_num_threads(threads)
+        return self._run()
+
+    def _run(self) -> list[dict]:
         cfg = self.config
         marks = [s for s in recorded_steps(cfg.steps, cfg.records_per_decade) if s > self.step]
         if self.step == 0 and not self.rows:

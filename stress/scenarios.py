@@ -2,7 +2,7 @@
 
 Each scenario is a RunConfig and a check on its metric rows and events; `check` returns a list of
 failure messages (empty when the scenario holds). test_scenarios.py runs them all; users can import
-SCENARIOS and run any of them against their own settings.
+stress.scenarios.SCENARIOS and run any of them against their own settings.
 """
 from __future__ import annotations
 

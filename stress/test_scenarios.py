@@ -1,7 +1,7 @@
 import pytest
 
 from pitcheck.trajectory import read_events, run
-from scenarios import SCENARIOS
+from stress.scenarios import SCENARIOS
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)

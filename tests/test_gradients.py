@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import pit_pair
+from tests.helpers import pit_pair
 from pitcheck import PitcheckError
 from pitcheck.gradients import GRADIENT_MODELS, AdversaryParams, gradient, parse_adversary
 from pitcheck.retractions import tangent_projection

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import pit_pair
+from tests.helpers import pit_pair
 from pitcheck import PitcheckError, metrics, oracle, reference
 
 U = 2.0**-53
