@@ -67,23 +67,29 @@ def write_summary(out: Path, base: RunConfig, summary: list[dict]) -> None:
 
 
 def plot_grid(out: Path, precisions: list[str], retractions: list[str]) -> Path:
-    """Orthonormality loss and pinv drift against step: one panel per precision, a line per retraction."""
+    """Orthonormality loss, pinv drift and distance from the float64 shadow against step: one panel per
+    precision, a line per retraction."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [("orthonormality", "||Z^T Z - I||_F"), ("pinv_drift", "||W E - I||_F")]
-    fig, axes = plt.subplots(len(metrics), len(precisions), figsize=(3.2 * len(precisions), 5.5),
+    metrics = [("orthonormality", "||Z^T Z - I||_F"), ("pinv_drift", "||W E - I||_F"),
+               ("shadow_Z", "distance from fp64 run")]
+    fig, axes = plt.subplots(len(metrics), len(precisions), figsize=(3.2 * len(precisions), 8),
                              sharex=True, sharey="row", squeeze=False)
     for j, precision in enumerate(precisions):
         u = get_policy(precision).u
         for i, (metric, label) in enumerate(metrics):
             ax = axes[i][j]
+            if metric == "shadow_Z" and precision == "fp64":
+                ax.text(0.5, 0.5, "float64 reference:\nno shadow", transform=ax.transAxes, ha="center")
             for retraction in retractions:
                 rows = read_metrics(out / "runs" / run_dir_name(precision, retraction) / "metrics.csv")
                 steps = np.array([max(r["step"], 1) for r in rows])
                 vals = np.array([r[metric] for r in rows])
+                if np.isnan(vals).all():  # no shadow for the float64 reference itself
+                    continue
                 ax.loglog(steps, np.maximum(vals, 1e-17), marker=".", label=retraction)
             ax.axhline(u, color="grey", lw=0.8, ls="--")
             ax.text(1, u, " u", va="bottom", fontsize=7, color="grey")
