@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="fp64", choices=list(POLICIES))
     p.add_argument("--retraction", default=DEFAULTS.retraction, help=", ".join(RETRACTIONS))
     _add_run_options(p, DEFAULTS.steps, DEFAULTS.vocab, DEFAULTS.dim)
+    p.add_argument("--head", default="pit", choices=["pit", "tied", "untied"],
+                   help="PIT, or the baselines: standard tying (W = E^T) or two untied tables")
     p.add_argument("--no-shadow", action="store_true", help="torch backend: skip the float64 shadow")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")

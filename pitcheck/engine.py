@@ -15,6 +15,8 @@ from .arrays import NumpyOps, TorchOps
 from .errors import PitcheckError
 from .formats import FORMATS, round_to
 from .policy import Policy
+from .gradients import gradient
+from .metrics import interface_metrics
 from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
 
@@ -117,25 +119,26 @@ class Engine:
 
     # ---- state -------------------------------------------------------------------------------
     def initialise(self, Z0: np.ndarray, L0: np.ndarray) -> None:
-        p = self.policy
         raw = np.tril(L0, -1) + np.diag(softplus_inverse(np.diag(L0)))
-        self.master_Z = self._to(Z0, p.master)
-        self.master_raw = self._to(raw, p.master)
-        zeros = np.zeros_like
-        self.opt = {k: self._to(zeros(v), p.factor) for k, v in (("mZ", Z0), ("vZ", Z0), ("mL", L0), ("vL", L0))}
+        self._set_master({"Z": Z0, "raw": raw}, {"Z": Z0, "L": L0})
+
+    def _set_master(self, master: dict, opt_shapes: dict) -> None:
+        p = self.policy
+        self.master = {k: self._to(v, p.master) for k, v in master.items()}
+        self.opt = {m + k: self._to(np.zeros_like(v), p.factor) for k, v in opt_shapes.items() for m in "mv"}
         self._refresh_stored()
 
     def _refresh_stored(self):
         p = self.policy
-        self.Z = self._to(self.master_Z, p.storage)
-        self.L = self._to(self._factor_L(self._to(self.master_raw, p.factor)), p.storage)
+        self.Z = self._to(self.master["Z"], p.storage)
+        self.L = self._to(self._factor_L(self._to(self.master["raw"], p.factor)), p.storage)
 
     def stored(self) -> tuple[np.ndarray, np.ndarray]:
         """Z and L as the model stores and computes with them, as float64 numpy (exact copies)."""
         return self._numpy(self.Z), self._numpy(self.L)
 
     def state_dict(self) -> dict:
-        d = {"master_Z": self._numpy(self.master_Z), "master_raw": self._numpy(self.master_raw)}
+        d = {f"master_{k}": self._numpy(v) for k, v in self.master.items()}
         d.update({f"opt_{k}": self._numpy(v) for k, v in self.opt.items()})
         d["loss_scale"] = np.float64(self.loss_scale)
         d["good_steps"] = np.int64(self.good_steps)
@@ -145,8 +148,7 @@ class Engine:
     def load_state_dict(self, d: dict) -> None:
         p = self.policy
         # every value came from this policy's formats, so the casts back are exact
-        self.master_Z = self._to(d["master_Z"], p.master)
-        self.master_raw = self._to(d["master_raw"], p.master)
+        self.master = {k[7:]: self._to(v, p.master) for k, v in d.items() if k.startswith("master_")}
         self.opt = {k[4:]: self._to(d[k], p.factor) for k in d if k.startswith("opt_") and k != "opt_step"}
         self.loss_scale = float(d["loss_scale"])
         self.good_steps = int(d["good_steps"])
@@ -173,14 +175,19 @@ class Engine:
         peak = round_to(np.array([np.abs(scaled).max(initial=0.0)]), FORMATS[p.gradient])[0]
         return self._to(scaled, p.gradient), bool(np.isfinite(peak))
 
-    def step(self, GZ: np.ndarray, GL: np.ndarray, step_index: int) -> list[dict]:
-        """Apply one gradient; returns the events it caused (an empty list on a clean step)."""
-        p, s, ops = self.policy, self.settings, self.ops
-        if not (np.isfinite(GZ).all() and np.isfinite(GL).all()):
-            return [{"event": "nonfinite_gradient", "action": "step skipped"}]
-        gz, ok_z = self._gradient(GZ)
-        gl, ok_l = self._gradient(np.tril(GL))
-        if not (ok_z and ok_l):
+    def gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
+        """This step's gradients from the named models, evaluated at the stored model."""
+        Z, L = self.stored()
+        GZ, GL = gradient(names, Z, L, seed, step, params, probe)
+        return {"Z": GZ, "L": np.tril(GL)}
+
+    def _admit(self, grads: dict) -> tuple[dict | None, list[dict]]:
+        """Gradients in the factor dtype, unscaled; or None and the event when the step must be skipped."""
+        p = self.policy
+        if not all(np.isfinite(g).all() for g in grads.values()):
+            return None, [{"event": "nonfinite_gradient", "action": "step skipped"}]
+        cast = {k: self._gradient(g) for k, g in grads.items()}
+        if not all(ok for _, ok in cast.values()):
             event = {"event": "gradient_overflow", "format": p.gradient, "loss_scale": self.loss_scale}
             if p.loss_scaling:
                 self.loss_scale /= 2.0
@@ -188,20 +195,37 @@ class Engine:
                 event["action"] = "step skipped, loss scale halved"
             else:
                 event["action"] = "step skipped"
-            return [event]
-        gz = self._to(gz, p.factor) / self.loss_scale
-        gl = self._to(gl, p.factor) / self.loss_scale
+            return None, [event]
+        return {k: self._to(g, p.factor) / self.loss_scale for k, (g, _) in cast.items()}, []
 
-        Z = self._to(self.master_Z, p.factor)
-        raw = self._to(self.master_raw, p.factor)
+    def _commit(self, master: dict) -> list[dict]:
+        """Store the new master values unless any is non-finite; count the clean step for loss scaling."""
+        if not all(self.ops.isfinite_all(v) for v in master.values()):
+            return [{"event": "nonfinite_state", "action": "step skipped"}]
+        self.master = {k: self._to(v, self.policy.master) for k, v in master.items()}
+        self._refresh_stored()
+        if self.policy.loss_scaling:
+            self.good_steps += 1
+            if self.good_steps >= LOSS_SCALE_GROWTH_INTERVAL:
+                self.loss_scale *= 2.0
+                self.good_steps = 0
+        return []
+
+    def step(self, grads: dict, step_index: int) -> list[dict]:
+        """Apply one step's gradients; returns the events it caused (an empty list on a clean step)."""
+        p, s, ops = self.policy, self.settings, self.ops
+        admitted, events = self._admit(grads)
+        if admitted is None:
+            return events
+        gz, gl = admitted["Z"], admitted["L"]
+        Z = self._to(self.master["Z"], p.factor)
+        raw = self._to(self.master["raw"], p.factor)
         # gradient of the raw diagonal through softplus
-        diag_raw = ops.diag(raw)
-        gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl) * ops.sigmoid(diag_raw))
+        gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl) * ops.sigmoid(ops.diag(raw)))
         direction_Z = self._optimizer_direction(tangent_projection(Z, gz, ops), "Z")
         direction_L = self._optimizer_direction(gl, "L")
         self.opt_step += 1
         xi = tangent_projection(Z, -s.lr * direction_Z, ops)
-        events = []
         try:
             Z_new = self.retract(Z, xi, ops)
         except RetractionError as exc:
@@ -216,18 +240,20 @@ class Engine:
                 # 'after' above the threshold means the guard asks for less than this precision can give
                 after = ops.norm(ops.matmul(Z_new.T, Z_new) - eye)
                 events.append({"event": "reprojected", "orthonormality": gram_err, "after": after})
-        raw_new = raw - s.lr * direction_L
-        if not (ops.isfinite_all(Z_new) and ops.isfinite_all(raw_new)):
-            return events + [{"event": "nonfinite_state", "action": "step skipped"}]
-        self.master_Z = self._to(Z_new, p.master)
-        self.master_raw = self._to(raw_new, p.master)
-        self._refresh_stored()
-        if p.loss_scaling:
-            self.good_steps += 1
-            if self.good_steps >= LOSS_SCALE_GROWTH_INTERVAL:
-                self.loss_scale *= 2.0
-                self.good_steps = 0
-        return events
+        return events + self._commit({"Z": Z_new, "raw": raw - s.lr * direction_L})
+
+    def interface(self) -> dict:
+        """The interface metrics of what this model computes with."""
+        Z, L = self.stored()
+        return interface_metrics(Z, L, self.embed_all(), self.policy.u, FORMATS[self.policy.factor].u)
+
+    def distance(self, other: "Engine") -> tuple[float, float]:
+        """Relative distances of Z and of T from another engine's (the float64 shadow's)."""
+        Z, L = self.stored()
+        Zr, Lr = other.stored()
+        Tr = Lr @ Lr.T
+        return (float(np.linalg.norm(Z - Zr) / np.linalg.norm(Zr)),
+                float(np.linalg.norm(L @ L.T - Tr) / np.linalg.norm(Tr)))
 
     def _optimizer_direction(self, g, which: str):
         opt, name = self.opt, self.settings.optimizer

@@ -52,13 +52,17 @@ def parse_adversary(spec: str) -> list[str]:
     return names
 
 
-def gradient(spec: str | list[str], Z, L, seed: int, step: int, params: AdversaryParams, probe=None):
-    """Sum of the named models' gradients at this step, each from its own seeded stream."""
+def gradient(spec: str | list[str], Z, L, seed: int, step: int, params: AdversaryParams, probe=None,
+             stream: int = 0):
+    """Sum of the named models' gradients at this step, each from its own seeded stream.
+
+    `stream` > 0 draws an independent copy of the whole stream (an untied head's second table).
+    """
     names = parse_adversary(spec) if isinstance(spec, str) else spec
     GZ = np.zeros_like(Z)
     GL = np.zeros_like(L)
     for index, name in enumerate(names):
-        rng = np.random.default_rng([seed, step, index])
+        rng = np.random.default_rng([seed, step, index] + ([stream] if stream else []))
         gz, gl = GRADIENT_MODELS[name](Z, L, rng, params, probe)
         GZ += gz
         GL += gl

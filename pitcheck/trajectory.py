@@ -25,9 +25,9 @@ import numpy as np
 from . import __version__
 from .engine import Engine, StepSettings
 from .errors import PitcheckError
-from .formats import FORMATS
-from .gradients import AdversaryParams, gradient, parse_adversary
-from .metrics import EXTENDED_BITS, interface_metrics, orthonormality_loss
+from .gradients import AdversaryParams, parse_adversary
+from .heads import HEADS, TableEngine
+from .metrics import EXTENDED_BITS, orthonormality_loss
 from .policy import get_policy
 from .reference import check_shapes, random_memory, spd_with_condition
 
@@ -70,6 +70,7 @@ class RunConfig:
     reproject_every: int = 0
     reproject_threshold: float = 0.0
     adversary: str = "gaussian"
+    head: str = "pit"  # pit, or the baselines tied (W = E^T) and untied (two tables)
     optimizer: str = "sgd"
     lr: float = 1e-2
     steps: int = 300
@@ -90,7 +91,11 @@ class RunConfig:
             raise PitcheckError(f"--cond must be a finite number >= 1, got {self.cond}")
         if self.records_per_decade < 1:
             raise PitcheckError("records_per_decade must be >= 1")
-        parse_adversary(self.adversary)
+        names = parse_adversary(self.adversary)
+        if self.head not in HEADS:
+            raise PitcheckError(f"unknown head {self.head!r}; choose from {', '.join(HEADS)}")
+        if self.head != "pit" and "adaptive" in names:
+            raise PitcheckError("the adaptive adversary probes PIT's drift bound: use it with --head pit")
         get_policy(self.precision)
         self.settings()
 
@@ -179,6 +184,12 @@ def read_events(path: Path | str) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
+def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
+    if config.head == "pit":
+        return Engine(backend, policy, config.settings(), device)
+    return TableEngine(backend, policy, config.settings(), device, head=config.head)
+
+
 class Progress:
     """A one-line progress bar on stderr, drawn only on a terminal."""
 
@@ -207,10 +218,10 @@ class Trajectory:
         config.validate()
         self.config, self.out = config, Path(out)
         self.policy = get_policy(config.precision)
-        self.engine = Engine(config.backend, self.policy, config.settings(), config.device)
+        self.engine = make_engine(config, config.backend, self.policy, config.device)
         self.shadow = None
         if config.backend == "torch" and config.shadow:
-            self.shadow = Engine("numpy", get_policy("fp64"), config.settings())
+            self.shadow = make_engine(config, "numpy", get_policy("fp64"), "cpu")
         self.progress_enabled = progress
         self.rows: list[dict] = []
         self.events: list[dict] = []
@@ -288,16 +299,8 @@ class Trajectory:
         self.events.append({"step": step, **event})
 
     def measure(self) -> dict:
-        Z, L = self.engine.stored()
-        row = {"step": self.step}
-        factor_u = FORMATS[self.policy.factor].u
-        row.update(interface_metrics(Z, L, self.engine.embed_all(), self.policy.u, factor_u))
-        row["shadow_Z"] = row["shadow_T"] = float("nan")
-        if self.shadow:
-            Zr, Lr = self.shadow.stored()
-            row["shadow_Z"] = float(np.linalg.norm(Z - Zr) / np.linalg.norm(Zr))
-            Tr = Lr @ Lr.T
-            row["shadow_T"] = float(np.linalg.norm(L @ L.T - Tr) / np.linalg.norm(Tr))
+        row = {"step": self.step, **self.engine.interface()}
+        row["shadow_Z"], row["shadow_T"] = self.engine.distance(self.shadow) if self.shadow else (np.nan, np.nan)
         row["loss_scale"] = self.engine.loss_scale
         return row
 
@@ -311,7 +314,8 @@ class Trajectory:
                 self.crossed.update(f"{metric}>{lv:g}" for lv in levels if row[metric] > lv)
                 self._event(self.step, {"event": "threshold_crossed", "metric": metric, "level": max(new),
                                         "value": row[metric]})
-        if not row["trisolve_resolved"] and "unresolved" not in self.crossed:
+        # baseline heads have no solve: nothing to resolve
+        if not row.get("trisolve_resolved", True) and "unresolved" not in self.crossed:
             self.crossed.add("unresolved")
             self._event(self.step, {"event": "precision_cannot_resolve", "metric": "trisolve_forward",
                                     "bound": row["cond_T"] * self.policy.u})
@@ -320,7 +324,7 @@ class Trajectory:
     def _probe(self, GZ, GL) -> float:
         """Trial step for the adaptive adversary: the drift bound after it, state left untouched."""
         saved = self.engine.state_dict()
-        self.engine.step(GZ, GL, self.step)
+        self.engine.step({"Z": GZ, "L": np.tril(GL)}, self.step)
         Z, L = self.engine.stored()
         s = np.linalg.svd(L, compute_uv=False)
         err = (s[0] / s[-1]) ** 2 * (orthonormality_loss(Z) + self.policy.u)
@@ -352,12 +356,11 @@ class Trajectory:
         probe = self._probe if "adaptive" in names else None
         try:
             while self.step < cfg.steps:
-                Z, L = self.engine.stored()
-                GZ, GL = gradient(names, Z, L, cfg.seed, self.step, cfg.adversary_params, probe)
-                for e in self.engine.step(GZ, GL, self.step):
+                grads = self.engine.gradients(names, cfg.seed, self.step, cfg.adversary_params, probe)
+                for e in self.engine.step(grads, self.step):
                     self._event(self.step + 1, e)
                 if self.shadow:
-                    self.shadow.step(GZ, GL, self.step)
+                    self.shadow.step(grads, self.step)
                 self.step += 1
                 if marks and self.step == marks[0]:
                     marks.pop(0)

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, cli, metrics, reference, trajectory
+from pitcheck import PitcheckError, cli, engine, metrics, reference, trajectory
 from pitcheck.trajectory import RunConfig, read_events, read_metrics, recorded_steps, run
 
 U = 2.0**-53
@@ -47,13 +47,13 @@ class _Interrupt:
     """Stand-in gradient stream that raises KeyboardInterrupt once, at a given step."""
 
     def __init__(self, at):
-        self.at, self.real = at, trajectory.gradient
+        self.at, self.real = at, engine.gradient
 
-    def __call__(self, names, Z, L, seed, step, params, probe=None):
+    def __call__(self, names, Z, L, seed, step, params, probe=None, stream=0):
         if step == self.at:
             self.at = None
             raise KeyboardInterrupt
-        return self.real(names, Z, L, seed, step, params, probe)
+        return self.real(names, Z, L, seed, step, params, probe, stream)
 
 
 @pytest.mark.parametrize("backend,precision", [("numpy", "fp64"), ("torch", "bf16-mixed"), ("torch", "fp16")])
@@ -61,7 +61,7 @@ def test_interrupted_run_resumes_with_identical_results(tmp_path, monkeypatch, b
     cfg = RunConfig(backend=backend, precision=precision, vocab=200, dim=8, steps=120, optimizer="adam",
                     retraction="cayley", adversary="gaussian,spike", device="cpu")
     full = run(cfg, tmp_path / "full")
-    monkeypatch.setattr(trajectory, "gradient", _Interrupt(at=57))
+    monkeypatch.setattr(engine, "gradient", _Interrupt(at=57))
     with pytest.raises(PitcheckError, match="interrupted at step 57"):
         run(cfg, tmp_path / "cut")
     with np.load(tmp_path / "cut" / "checkpoint.npz") as ck:
