@@ -82,54 +82,39 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
     if mode not in ("nearest", "stochastic"):
         raise PitcheckError(f"unknown rounding mode {mode!r}; choose nearest or stochastic")
     if _is_torch(x):
-        import torch
+        import torch as xp
 
-        xp_frexp, xp_ldexp, xp_abs, xp_copysign = torch.frexp, torch.ldexp, torch.abs, torch.copysign
-        if mode == "nearest":
-            xp_round = torch.round  # half to even
-        else:
-            if rng is None:
-                raise PitcheckError("stochastic rounding needs a torch.Generator")
+        def uniform(s):
+            return xp.rand(s.shape, generator=rng, dtype=s.dtype, device=s.device)
 
-            def xp_round(s):
-                return torch.floor(s + torch.rand(s.shape, generator=rng, dtype=s.dtype, device=s.device))
-
-        def where(c, a, b):
-            return torch.where(c, a, b)
-
-        def maximum_int(e, lo):
-            return torch.clamp(e, min=lo)
-
-        finite = torch.isfinite(x)
-        full_like = torch.full_like
+        rint = xp.round  # half to even
+        lib = "torch.Generator"
     else:
+        xp = np
         x = np.asarray(x)
-        xp_frexp, xp_ldexp, xp_abs, xp_copysign = np.frexp, np.ldexp, np.abs, np.copysign
-        if mode == "nearest":
-            xp_round = np.rint  # half to even
-        else:
-            if rng is None:
-                raise PitcheckError("stochastic rounding needs a numpy Generator")
 
-            def xp_round(s):
-                return np.floor(s + rng.random(s.shape))
+        def uniform(s):
+            return rng.random(s.shape)
 
-        where = np.where
+        rint = np.rint  # half to even
+        lib = "numpy Generator"
+    if mode == "stochastic":
+        if rng is None:
+            raise PitcheckError(f"stochastic rounding needs a {lib}")
 
-        def maximum_int(e, lo):
-            return np.maximum(e, lo)
+        def rint(s):
+            return xp.floor(s + uniform(s))
 
-        finite = np.isfinite(x)
-        full_like = np.full_like
+    where, full_like = xp.where, xp.full_like
+    finite = xp.isfinite(x)
     # frexp: x = m 2^e with 0.5 <= |m| < 1, so a normal number of fmt has e - 1 >= emin.
     x_finite = where(finite, x, 0.0)
-    _, e = xp_frexp(x_finite)
-    e = maximum_int(e, fmt.emin + 1)  # below the normal range the quantum stays fixed (subnormals)
+    _, e = xp.frexp(x_finite)
+    e = where(e > fmt.emin + 1, e, fmt.emin + 1)  # below the normal range the quantum stays fixed
     shift = fmt.p - e  # quantum is 2^(e - p)
-    scaled = xp_ldexp(x_finite, shift)
-    y = xp_ldexp(xp_round(scaled), -shift)
-    overflow = xp_abs(y) > fmt.max
-    big = xp_copysign(full_like(y, float("inf")), y) if fmt.has_inf else full_like(y, float("nan"))
+    y = xp.ldexp(rint(xp.ldexp(x_finite, shift)), -shift)
+    overflow = xp.abs(y) > fmt.max
+    big = xp.copysign(full_like(y, float("inf")), y) if fmt.has_inf else full_like(y, float("nan"))
     y = where(overflow, big, y)
     # infinities pass through, except into a format that has none (as ml_dtypes does)
     return where(finite, y, x if fmt.has_inf else full_like(x, float("nan")))
