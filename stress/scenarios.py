@@ -75,6 +75,14 @@ def _unresolved_recorded(rows, events):
     return ["conditioning attack never pushed cond(T) u past 0.1, or the event was not recorded"]
 
 
+def _wander(factor):
+    def check(rows, events):
+        rows = _after_first_step(rows)
+        first, last = rows[0]["shadow_Z"], rows[-1]["shadow_Z"]
+        return [] if last > factor * first else [f"distance from float64 grew only {last / first:.2f}x"]
+    return check
+
+
 FP64 = dict(backend="numpy", precision="fp64", vocab=1024, dim=32)
 FP32 = dict(backend="torch", precision="fp32", vocab=2048, dim=64, device="cpu", shadow=False)
 
@@ -90,6 +98,11 @@ SCENARIOS = [
              "QR re-orthonormalises from scratch each step: fp32 error stays flat"),
     Scenario("fp32-cayley-accumulates", RunConfig(**FP32, retraction="cayley", steps=1500), _grows(3.0),
              "Cayley never corrects earlier rounding error: fp32 error accumulates"),
+    Scenario("fp32-qr-wanders-from-fp64",
+             RunConfig(**{**FP32, "vocab": 512, "dim": 16, "shadow": True}, retraction="qr", steps=1000),
+             _wander(30.0),
+             "QR is not idempotent in floating point: each call moves Z by O(u), on the manifold but off the "
+             "exact trajectory, and the moves accumulate"),
     Scenario("bf16-storage-floor", RunConfig(**{**FP32, "precision": "bf16"}, steps=0), _floor(1e-3, 1e-2),
              "a bf16 memory cannot be more orthonormal than its rounding allows, from step 0"),
     Scenario("fp32-cayley-threshold-guard",

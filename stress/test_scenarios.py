@@ -22,4 +22,6 @@ def test_checks_fail_on_the_opposite_run(tmp_path):
     assert grows.check(level, []) and not grows.check(rising, [])
     assert by_name["bf16-conditioning-attack-unresolved"].check(level, [])
     assert by_name["fp64-none-drifts"].check([{"orthonormality": 1e-15}], [])
+    still = [{"step": s, "shadow_Z": 1e-7} for s in (1, 1000)]
+    assert by_name["fp32-qr-wanders-from-fp64"].check(still, [])
     assert by_name["bf16-storage-floor"].check([{"orthonormality": 1e-7}], [])
