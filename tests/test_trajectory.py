@@ -144,3 +144,14 @@ def test_progress_bar_draws_when_enabled(capsys):
     p = trajectory.Progress(10, "demo", enabled=True)
     p.update(10)
     assert "demo [" in capsys.readouterr().err
+
+
+def test_reproject_every_bounds_the_drift_of_no_retraction(tmp_path):
+    cfg = RunConfig(vocab=200, dim=6, steps=200, retraction="none", lr=0.05)
+    free = run(cfg, tmp_path / "free")
+    guarded = run(replace(cfg, reproject_every=1), tmp_path / "every1")
+    sparse = run(replace(cfg, reproject_every=50), tmp_path / "every50")
+    assert free[-1]["orthonormality"] > 1e-4
+    assert max(r["orthonormality"] for r in guarded) < 1e-13
+    at_200 = [r for r in sparse if r["step"] == 200][0]  # 200 is a multiple of 50: just re-projected
+    assert at_200["orthonormality"] < 1e-13 < max(r["orthonormality"] for r in sparse)
