@@ -197,16 +197,18 @@ class Progress:
         self.total, self.label = total, label
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self.last = 0.0
+        self.finished = False
 
     def update(self, done: int) -> None:
         now = time.monotonic()
-        if not self.enabled or (now - self.last < 0.1 and done < self.total):
+        if not self.enabled or self.finished or (now - self.last < 0.1 and done < self.total):
             return
         self.last = now
         frac = done / self.total if self.total else 1.0
         bar = "#" * int(30 * frac)
         sys.stderr.write(f"\r{self.label} [{bar:<30}] {done}/{self.total}")
         if done >= self.total:
+            self.finished = True
             sys.stderr.write("\n")
         sys.stderr.flush()
 

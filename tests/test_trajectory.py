@@ -143,7 +143,11 @@ def test_cli_run_prints_summary(tmp_path, capsys):
 def test_progress_bar_draws_when_enabled(capsys):
     p = trajectory.Progress(10, "demo", enabled=True)
     p.update(10)
-    assert "demo [" in capsys.readouterr().err
+    p.update(10)  # the loop and the run's end both report the last step: drawn once
+    assert capsys.readouterr().err.count("demo [") == 1
+    quiet = trajectory.Progress(10, "quiet", enabled=False)
+    quiet.update(10)
+    assert capsys.readouterr().err == ""
 
 
 def test_reproject_every_bounds_the_drift_of_no_retraction(tmp_path):
