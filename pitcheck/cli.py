@@ -11,7 +11,7 @@ from .errors import PitcheckError
 from .gradients import GRADIENT_MODELS
 from .policy import POLICIES
 from .retractions import RETRACTIONS
-from .trajectory import RunConfig
+from .trajectory import RunConfig, teacher_shape
 
 DEFAULTS = RunConfig()
 
@@ -22,8 +22,12 @@ def _add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: in
     p.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)
     p.add_argument("--lr", type=float, default=DEFAULTS.lr)
     p.add_argument("--steps", type=int, default=steps)
-    p.add_argument("--vocab", type=int, default=vocab)
-    p.add_argument("--dim", type=int, default=dim)
+    # None: the teacher's shape when there is one, else the command's default (filled in by _config)
+    p.add_argument("--vocab", type=int, default=None, help=f"V (default {vocab}, or the teacher's rows)")
+    p.add_argument("--dim", type=int, default=None, help=f"D (default {dim}, or the teacher's columns)")
+    p.set_defaults(default_shape=(vocab, dim))
+    p.add_argument("--teacher", default="", metavar="FILE.npy",
+                   help="start Z at the polar factor of this V x D teacher embedding instead of at random")
     p.add_argument("--cond", type=float, default=DEFAULTS.cond, help="condition number of the initial T")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--device", default=DEFAULTS.device, help="auto (CUDA when present), cpu or cuda")
@@ -65,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(args, **over) -> RunConfig:
     names = {f.name for f in fields(RunConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
+    # V and D follow the teacher unless given explicitly (then they must match it)
+    shape = teacher_shape(args.teacher) if args.teacher else args.default_shape
+    values["vocab"] = shape[0] if args.vocab is None else args.vocab
+    values["dim"] = shape[1] if args.dim is None else args.dim
     return replace(DEFAULTS, **values, **over)
 
 

@@ -74,18 +74,6 @@ def softplus_inverse(y: np.ndarray) -> np.ndarray:
     return y + np.log(-np.expm1(-y))
 
 
-def check_factor(L: np.ndarray) -> None:
-    if L.ndim != 2 or L.shape[0] != L.shape[1]:
-        raise PitcheckError(f"L must be square, got shape {L.shape}")
-    if np.any(np.triu(L, 1) != 0):
-        raise PitcheckError("L must be lower triangular")
-    d = np.diag(L)
-    if not np.isfinite(L).all():
-        raise PitcheckError("L has non-finite entries")
-    if np.any(d <= 0):
-        raise PitcheckError("L has a non-positive diagonal entry: T = L L^T is singular or not SPD")
-
-
 def check_ids(ids, vocab: int) -> np.ndarray:
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":

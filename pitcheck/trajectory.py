@@ -29,7 +29,7 @@ from .gradients import AdversaryParams, parse_adversary
 from .heads import HEADS, TableEngine
 from .metrics import EXTENDED_BITS, orthonormality_loss
 from .policy import get_policy
-from .reference import check_shapes, random_memory, spd_with_condition
+from .reference import check_shapes, polar_memory, random_memory, spd_with_condition
 
 METRIC_COLUMNS = [
     "step",
@@ -77,6 +77,7 @@ class RunConfig:
     vocab: int = 1024
     dim: int = 32
     cond: float = 1.0  # condition number of the initial T (1: T = I as in the paper)
+    teacher: str = ""  # .npy file: Z0 is the polar factor of this V x D embedding; "": random Z0
     seed: int = 0
     device: str = "auto"
     records_per_decade: int = 10
@@ -85,6 +86,9 @@ class RunConfig:
 
     def validate(self) -> None:
         check_shapes(self.vocab, self.dim)
+        if self.teacher and teacher_shape(self.teacher) != (self.vocab, self.dim):
+            raise PitcheckError(f"teacher {self.teacher} is {teacher_shape(self.teacher)}, "
+                                f"not V x D = ({self.vocab}, {self.dim})")
         if self.steps < 0:
             raise PitcheckError(f"--steps must be >= 0, got {self.steps}")
         if not (self.cond >= 1 and math.isfinite(self.cond)):
@@ -124,7 +128,10 @@ def recorded_steps(steps: int, per_decade: int) -> list[int]:
 def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
     """Z0 (random orthonormal) and L0 (Cholesky factor of T0, T0 = I unless cond > 1), seeded."""
     rng = np.random.default_rng([config.seed, 2**32 - 1])  # a stream apart from the gradients'
-    Z0 = random_memory(config.vocab, config.dim, rng)
+    if config.teacher:
+        Z0 = polar_memory(load_teacher(config.teacher))
+    else:
+        Z0 = random_memory(config.vocab, config.dim, rng)
     if config.cond == 1.0:
         L0 = np.eye(config.dim)
     else:
@@ -133,6 +140,20 @@ def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=1)
+def load_teacher(path: str) -> np.ndarray:
+    try:
+        teacher = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise PitcheckError(f"cannot read teacher embedding {path}: {exc}") from None
+    if teacher.ndim != 2 or teacher.dtype.kind not in "fiu":
+        raise PitcheckError(f"teacher embedding must be a 2-D numeric array, got {teacher.dtype} {teacher.shape}")
+    return teacher.astype(np.float64)
+
+
+def teacher_shape(path: str) -> tuple[int, int]:
+    return tuple(load_teacher(path).shape)
+
+
 def versions() -> dict:
     import scipy
 
@@ -146,6 +167,12 @@ def versions() -> dict:
     except ImportError:  # pragma: no cover - torch is a dependency
         out["torch"] = None
     return out
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -254,6 +281,7 @@ class Trajectory:
             "versions": versions(),
             "platform": platform.platform(),
             "resumed_from": self.resumed_from,
+            "teacher_sha256": _sha256(self.config.teacher) if self.config.teacher else None,
         }
 
     def _load(self) -> None:

@@ -108,3 +108,16 @@ def test_orthonormality_loss_certified_against_oracle(rng):
 def test_oracle_refuses_large_sizes():
     with pytest.raises(PitcheckError, match="oracle"):
         oracle.embed(np.zeros((300, 4)), np.eye(4), [0])
+
+
+def test_pinv_error_certified_against_oracle_pinv():
+    Z, L = pit_pair(50, 5, 1e4)
+    E = reference.embedding_matrix(Z, L)
+    exact_pinv = oracle.pinv(E)  # D x V
+    # W = T Z^T is the exact pseudo-inverse up to the drift bound cond(T) (orth + n u)
+    W = (L @ L.T) @ Z.T
+    bound = 10 * 1e4 * (oracle.orthonormality_loss(Z) + 5 * U)
+    assert np.linalg.norm(W - exact_pinv) / np.linalg.norm(exact_pinv) < bound
+    assert metrics.pinv_error(E, W.T) < bound
+    # and the check fails a head that is not the pseudo-inverse
+    assert metrics.pinv_error(E, (1.001 * W).T) > 1e-4

@@ -159,3 +159,26 @@ def test_reproject_every_bounds_the_drift_of_no_retraction(tmp_path):
     assert max(r["orthonormality"] for r in guarded) < 1e-13
     at_200 = [r for r in sparse if r["step"] == 200][0]  # 200 is a multiple of 50: just re-projected
     assert at_200["orthonormality"] < 1e-13 < max(r["orthonormality"] for r in sparse)
+
+
+def test_teacher_start_is_its_polar_factor(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((120, 6)) @ np.diag([1, 2, 3, 4, 5, 6.0])
+    np.save(tmp_path / "teacher.npy", teacher)
+    assert cli.main(["run", "--teacher", str(tmp_path / "teacher.npy"), "--steps", "0",
+                     "--out", str(tmp_path / "run")]) == 0
+    with np.load(tmp_path / "run" / "checkpoint.npz") as ck:
+        Z = ck["Z"]
+    assert Z.shape == (120, 6)
+    assert np.allclose(Z, reference.polar_memory(teacher), atol=1e-14)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert len(manifest["teacher_sha256"]) == 64
+    # a shape that contradicts the teacher, an unreadable file, a rank-deficient teacher: one-line errors
+    assert cli.main(["run", "--teacher", str(tmp_path / "teacher.npy"), "--vocab", "100",
+                     "--out", str(tmp_path / "a")]) == 2
+    assert "not V x D" in capsys.readouterr().err
+    assert cli.main(["run", "--teacher", str(tmp_path / "missing.npy"), "--out", str(tmp_path / "b")]) == 2
+    assert "cannot read teacher" in capsys.readouterr().err
+    np.save(tmp_path / "flat.npy", np.ones((50, 4)))
+    assert cli.main(["run", "--teacher", str(tmp_path / "flat.npy"), "--out", str(tmp_path / "c")]) == 2
+    assert "rank deficient" in capsys.readouterr().err
