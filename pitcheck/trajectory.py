@@ -399,7 +399,8 @@ class Trajectory:
         except KeyboardInterrupt:
             # keep the work done: checkpoint this step (metrics rows stay those of the recorded steps)
             self._save()
-            raise PitcheckError(f"interrupted at step {self.step}; continue with --resume (same --out)") from None
+            raise PitcheckError(f"interrupted at step {self.step} of {self.out}, checkpoint saved; the same "
+                                "command with --resume continues it (pitcheck compare resumes by itself)") from None
         if not self.rows or self.rows[-1]["step"] != self.step:
             self._record()
         progress.update(cfg.steps)
