@@ -14,9 +14,9 @@ import numpy as np
 from .arrays import NumpyOps, TorchOps
 from .errors import PitcheckError
 from .formats import FORMATS, round_to
-from .policy import Policy
 from .gradients import gradient
 from .metrics import interface_metrics
+from .policy import Policy
 from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
 
@@ -57,6 +57,8 @@ def resolve_device(device: str) -> str:
 
 
 class Engine:
+    """A PIT model (Z and the raw parameter of L) under a policy; TableEngine (heads.py) reuses it."""
+
     def __init__(self, backend: str, policy: Policy, settings: StepSettings, device: str = "auto"):
         self.backend, self.policy, self.settings = backend, policy, settings
         self.retract = get_retraction(settings.retraction)

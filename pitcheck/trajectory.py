@@ -15,7 +15,9 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -378,14 +380,21 @@ class Trajectory:
 
     def _run(self) -> list[dict]:
         cfg = self.config
+        # Ctrl-C is taken between steps, never inside one: a half-applied step (optimizer state moved,
+        # Z not yet stored, shadow behind) or a half-written run directory would be inconsistent
+        interrupted: list[int] = []
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)) if in_main else None
         marks = [s for s in recorded_steps(cfg.steps, cfg.records_per_decade) if s > self.step]
-        if self.step == 0 and not self.rows:
-            self._record()
         progress = Progress(cfg.steps, f"{cfg.backend}/{cfg.precision}/{cfg.retraction}", self.progress_enabled)
         names = parse_adversary(cfg.adversary)
         probe = self._probe if "adaptive" in names else None
         try:
+            if self.step == 0 and not self.rows:
+                self._record()
             while self.step < cfg.steps:
+                if interrupted:
+                    raise KeyboardInterrupt
                 grads = self.engine.gradients(names, cfg.seed, self.step, cfg.adversary_params, probe)
                 for e in self.engine.step(grads, self.step):
                     self._event(self.step + 1, e)
@@ -401,6 +410,9 @@ class Trajectory:
             self._save()
             raise PitcheckError(f"interrupted at step {self.step} of {self.out}, checkpoint saved; the same "
                                 "command with --resume continues it (pitcheck compare resumes by itself)") from None
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
         if not self.rows or self.rows[-1]["step"] != self.step:
             self._record()
         progress.update(cfg.steps)

@@ -182,3 +182,34 @@ def test_teacher_start_is_its_polar_factor(tmp_path, capsys):
     np.save(tmp_path / "flat.npy", np.ones((50, 4)))
     assert cli.main(["run", "--teacher", str(tmp_path / "flat.npy"), "--out", str(tmp_path / "c")]) == 2
     assert "rank deficient" in capsys.readouterr().err
+
+
+def test_real_ctrl_c_checkpoints_and_resumes_identically(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["run", "--vocab", "256", "--dim", "8", "--steps", "20000", "--optimizer", "momentum",
+            "--retraction", "cayley", "--no-progress"]
+    code = "import sys; from pitcheck.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, *args, "--out", str(tmp_path / "cut")],
+                            stderr=subprocess.PIPE, text=True)
+    ck, csv = tmp_path / "cut" / "checkpoint.npz", tmp_path / "cut" / "metrics.csv"
+    deadline = time.monotonic() + 60
+    # wait until the run is stepping (a few recorded steps), then interrupt it somewhere mid-run
+    while time.monotonic() < deadline and not (csv.exists() and len(csv.read_text().splitlines()) > 5):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "checkpoint saved" in err
+    with np.load(ck) as c:
+        stopped_at = int(c["step"])
+    assert 0 < stopped_at < 20000
+    cfg = RunConfig(vocab=256, dim=8, steps=stopped_at + 300, optimizer="momentum", retraction="cayley")
+    run(cfg, tmp_path / "cut", resume=True)
+    run(cfg, tmp_path / "full")
+    with np.load(tmp_path / "full" / "checkpoint.npz") as a, np.load(ck) as b:
+        assert all(np.array_equal(a[k], b[k]) for k in a.files)
