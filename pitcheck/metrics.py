@@ -94,8 +94,9 @@ def trisolve_errors(Z, L, E_rows, ids, u: float, cond_T: float | None = None) ->
         "trisolve_forward_ratio": forward / (cond_T * u),
         "trisolve_backward": backward,
         "trisolve_backward_ratio": backward / u,
-        # the precision resolves a solve only while its forward-error bound cond(T) u stays small
-        "trisolve_resolved": bool(cond_T * u <= 0.1),
+        # resolved only while the forward-error bound cond(T) u stays small, and while the yardstick is
+        # finer than u (long double is no wider than float64 on some platforms, e.g. ARM macOS)
+        "trisolve_resolved": bool(cond_T * u <= 0.1 and 2.0**-EXTENDED_BITS <= u / 16),
     }
 
 

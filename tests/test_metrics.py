@@ -66,6 +66,15 @@ def test_trisolve_errors_fail_a_perturbed_solve():
     assert r["trisolve_forward"] == pytest.approx(1e-10, rel=0.8)
 
 
+def test_trisolve_says_when_the_yardstick_is_too_coarse(monkeypatch):
+    Z, L = pit_pair(100, 8, 10.0)
+    ids = metrics.sample_ids(100, 10)
+    E = reference.embed(Z, L, ids)
+    assert metrics.trisolve_errors(Z, L, E, ids, U)["trisolve_resolved"]
+    monkeypatch.setattr(metrics, "EXTENDED_BITS", 53)  # a platform whose long double is float64
+    assert not metrics.trisolve_errors(Z, L, E, ids, U)["trisolve_resolved"]
+
+
 def test_trisolve_says_when_precision_cannot_resolve():
     Z, L = pit_pair(100, 8, 1e8)
     ids = metrics.sample_ids(100, 10)
