@@ -16,6 +16,9 @@ import numpy as np
 import scipy.linalg
 
 from .errors import PitcheckError
+from .metrics import drift_bound
+
+FP64_U = 2.0**-53
 
 GRADIENT_MODELS: dict[str, Callable] = {}
 
@@ -193,12 +196,8 @@ def adaptive(Z, L, rng, params, probe):
     for name in ADAPTIVE_CANDIDATES:
         child = np.random.default_rng(rng.integers(2**63))
         g = GRADIENT_MODELS[name](Z, L, child, params, None)
-        err = probe(*g) if probe is not None else _drift_bound(Z - g[0], L - np.tril(g[1]))
+        err = probe(*g) if probe is not None else drift_bound(Z - g[0], L - np.tril(g[1]), FP64_U)
         if err > best_err:
             best, best_err = g, err
     return best
 
-
-def _drift_bound(Z, L):
-    s = np.linalg.svd(L, compute_uv=False)
-    return (s[0] / s[-1]) ** 2 * (np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])) + np.finfo(float).eps / 2)

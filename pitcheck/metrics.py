@@ -45,6 +45,13 @@ def cholesky_conditioning(L: np.ndarray, u: float) -> dict:
     }
 
 
+def drift_bound(Z: np.ndarray, L: np.ndarray, u: float) -> float:
+    """cond(T) (||Z^T Z - I||_F + u): the first-order bound on ||W E - I||_F (inf if T is singular)."""
+    s = np.linalg.svd(np.asarray(L, dtype=np.float64), compute_uv=False)
+    bound = (s[0] / s[-1]) ** 2 * (orthonormality_loss(Z) + u) if s[-1] > 0 else np.inf
+    return float(bound) if np.isfinite(bound) else float("inf")
+
+
 def _solve_lower_extended(L: np.ndarray, rhs: np.ndarray, transpose: bool) -> np.ndarray:
     """Substitution for L x = rhs (or L^T x = rhs) in extended precision; rhs is D x B."""
     Lx = L.astype(EXTENDED)

@@ -67,14 +67,36 @@ def write_summary(out: Path, base: RunConfig, summary: list[dict]) -> None:
     _write_atomic(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
 
 
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw(ax, rows: list[dict], metric: str, label: str) -> None:
+    """One metric against step on log-log axes; step 0 is drawn at 1, zeros at 1e-17; all-NaN skipped."""
+    vals = np.array([r[metric] for r in rows])
+    if np.isnan(vals).all():  # e.g. no shadow for the float64 reference itself
+        return
+    steps = np.array([max(r["step"], 1) for r in rows])
+    ax.loglog(steps, np.maximum(vals, 1e-17), marker=".", label=label)
+
+
+def _save_figure(plt, fig, path: Path) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
 def plot_grid(out: Path, precisions: list[str], retractions: list[str]) -> Path:
     """Orthonormality loss, pinv drift and distance from the float64 shadow against step: one panel per
     precision, a line per retraction."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     metrics = [("orthonormality", "||Z^T Z - I||_F"), ("pinv_drift", "||W E - I||_F")]
     if any(p != "fp64" for p in precisions):
         metrics.append(("shadow_Z", "distance from fp64 run"))
@@ -88,11 +110,7 @@ def plot_grid(out: Path, precisions: list[str], retractions: list[str]) -> Path:
                 ax.text(0.5, 0.5, "float64 reference:\nno shadow", transform=ax.transAxes, ha="center")
             for retraction in retractions:
                 rows = read_metrics(out / "runs" / run_dir_name(precision, retraction) / "metrics.csv")
-                steps = np.array([max(r["step"], 1) for r in rows])
-                vals = np.array([r[metric] for r in rows])
-                if np.isnan(vals).all():  # no shadow for the float64 reference itself
-                    continue
-                ax.loglog(steps, np.maximum(vals, 1e-17), marker=".", label=retraction)
+                _draw(ax, rows, metric, retraction)
             ax.axhline(u, color="grey", lw=0.8, ls="--")
             ax.text(1, u, " u", va="bottom", fontsize=7, color="grey")
             if i == 0:
@@ -103,20 +121,12 @@ def plot_grid(out: Path, precisions: list[str], retractions: list[str]) -> Path:
                 ax.set_xlabel("step (0 drawn at 1)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    path = out / "compare.png"
-    fig.savefig(path.with_suffix(".png.tmp"), dpi=110, format="png")
-    plt.close(fig)
-    path.with_suffix(".png.tmp").replace(path)
-    return path
+    return _save_figure(plt, fig, out / "compare.png")
 
 
 def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str]) -> Path:
     """Any metrics of any runs against step, one panel per metric, a line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
     for d in run_dirs:
         path = Path(d) / "metrics.csv"
@@ -126,13 +136,9 @@ def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str
         for ax, metric in zip(axes[0], metrics):
             if metric not in rows[0]:
                 raise PitcheckError(f"unknown metric {metric!r}; columns are {', '.join(rows[0])}")
-            steps = np.array([max(r["step"], 1) for r in rows])
-            ax.loglog(steps, np.maximum([r[metric] for r in rows], 1e-17), marker=".", label=Path(d).name)
+            _draw(ax, rows, metric, Path(d).name)
             ax.set_title(metric)
             ax.set_xlabel("step")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    out_png = Path(out_png)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return _save_figure(plt, fig, Path(out_png))

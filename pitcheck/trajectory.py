@@ -29,7 +29,7 @@ from .engine import Engine, StepSettings
 from .errors import PitcheckError
 from .gradients import AdversaryParams, parse_adversary
 from .heads import HEADS, TableEngine
-from .metrics import EXTENDED_BITS, orthonormality_loss
+from .metrics import EXTENDED_BITS, drift_bound
 from .policy import get_policy
 from .reference import check_shapes, polar_memory, random_memory, spd_with_condition
 
@@ -262,9 +262,8 @@ class Trajectory:
         if resume and (self.out / "checkpoint.npz").exists():
             self._load()
         else:
-            if self.out.exists() and any(self.out.iterdir()) and not resume:
-                if (self.out / "manifest.json").exists():
-                    raise PitcheckError(f"{self.out} already holds a run; pass --resume or choose another --out")
+            if not resume and (self.out / "manifest.json").exists():
+                raise PitcheckError(f"{self.out} already holds a run; pass --resume or choose another --out")
             self.out.mkdir(parents=True, exist_ok=True)
             Z0, L0 = initial_state(config)
             self.engine.initialise(Z0, L0)
@@ -357,11 +356,9 @@ class Trajectory:
         """Trial step for the adaptive adversary: the drift bound after it, state left untouched."""
         saved = self.engine.state_dict()
         self.engine.step({"Z": GZ, "L": np.tril(GL)}, self.step)
-        Z, L = self.engine.stored()
-        s = np.linalg.svd(L, compute_uv=False)
-        err = (s[0] / s[-1]) ** 2 * (orthonormality_loss(Z) + self.policy.u)
+        bound = drift_bound(*self.engine.stored(), self.policy.u)
         self.engine.load_state_dict(saved)
-        return float(err) if np.isfinite(err) else float("inf")
+        return bound
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:

@@ -155,3 +155,14 @@ def test_metrics_of_exact_pit_stay_within_conditioning_bounds(vocab, dim, log_co
     assert m["trisolve_backward_ratio"] < 30
     bound = 10 * m["cond_T"] * (m["orthonormality"] + dim * U) * np.sqrt(dim)
     assert m["pinv_drift"] < bound and m["penrose"] < bound
+
+
+def test_drift_bound_known_value_and_singular_transform():
+    Z, _ = pit_pair(50, 3, 1.0)
+    Z[:, 0] *= 1 + 1e-6  # orthonormality loss 2e-6 + 1e-12
+    L = np.diag([2.0, 1.0, 1.0])  # cond(T) = 4
+    assert metrics.drift_bound(Z, L, U) == pytest.approx(4 * (2e-6 + 1e-12 + U), rel=1e-8)
+    # and the bound bounds: the exact PIT drift of this pair stays below it
+    E = reference.embedding_matrix(Z, L)
+    assert metrics.pinv_drift(E, Z @ (L @ L.T)) <= metrics.drift_bound(Z, L, U)
+    assert metrics.drift_bound(Z, np.diag([1.0, 0.0, 1.0]), U) == float("inf")

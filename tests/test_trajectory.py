@@ -29,6 +29,8 @@ def test_run_writes_directory_and_last_row_matches_checkpoint(tmp_path):
     with np.load(tmp_path / "checkpoint.npz") as ck:
         Z, L, step = ck["Z"], ck["L"], int(ck["step"])
     assert step == 300
+    # a clean float64 run crosses no threshold and skips no step: the events file stays empty
+    assert read_events(tmp_path / "events.jsonl") == []
     again = metrics.interface_metrics(Z, L, reference.embedding_matrix(Z, L), U)
     last = read_metrics(tmp_path / "metrics.csv")[-1]
     for key in trajectory.METRIC_COLUMNS[1:-3]:
@@ -119,6 +121,9 @@ def test_reproject_threshold_fires_events(tmp_path):
     rows = run(cfg, tmp_path)
     assert any(e["event"] == "reprojected" for e in read_events(tmp_path / "events.jsonl"))
     assert max(r["orthonormality"] for r in rows) < 1e-6
+    # a threshold above anything the run reaches never fires
+    run(replace(cfg, reproject_threshold=10.0), tmp_path / "loose")
+    assert not any(e["event"] == "reprojected" for e in read_events(tmp_path / "loose" / "events.jsonl"))
 
 
 @pytest.mark.parametrize("argv,message", [
