@@ -1,7 +1,8 @@
 """Broken: embed serves rows from a cached embedding table E = Z T^{-1} that post_step rebuilds only every
 5th call (to amortise the O(V D^2) rebuild); gradients reach the parameters straight-through from the
 exact rows, so training and `gradients` look right. Between refreshes the embedding lags the head by up
-to 4 optimizer steps. Exact at initialisation. Caught by `trajectory`."""
+to 4 optimizer steps. Exact at initialisation. Caught by `trajectory` (the table is not in the state_dict
+either, so `checkpoint` may fail too)."""
 import torch
 
 from ._base import LLtPIT
