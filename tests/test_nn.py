@@ -245,3 +245,51 @@ def test_zoo_correct_ones_are_pseudo_inverse_at_a_generic_state(name, dtype):
 def test_zoo_map_bugs_show_at_a_generic_state(name):
     mod = importlib.import_module(f"tests.zoo.{name}")
     assert _penrose_after_adam(mod.make, torch.float64) > 1e-2
+
+
+def _gradcheck_module(m, raise_exception=True):
+    """gradcheck of a scalar of embed and logits with respect to all of a module's parameters (float64)."""
+    names = [n for n, _ in m.named_parameters()]
+    assert all("." not in n for n in names)
+    saved = dict(m._parameters)
+    ids = torch.tensor([0, 3, 3, 9])
+    h = torch.randn(2, m_dim(m), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def f(*ps):
+        m._parameters.update(zip(names, ps))
+        try:
+            return (m.embed(ids) * torch.arange(1.0, 1 + m_dim(m), dtype=torch.float64)).sum() + (m.logits(h) ** 2).sum()
+        finally:
+            m._parameters.update(saved)
+
+    return torch.autograd.gradcheck(f, tuple(p.detach().clone().requires_grad_() for p in saved.values()),
+                                    raise_exception=raise_exception)
+
+
+def m_dim(m):
+    return m.embed(torch.tensor([0])).shape[-1]
+
+
+def _generic(m):
+    # move every parameter off its initial value, so T is generic (L = I hides transposition bugs)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        if hasattr(m, "post_step"):
+            m.post_step()
+    return m
+
+
+@pytest.mark.parametrize("name", [n for n in ZOO if n.startswith("correct_")] + ["_base"])
+def test_zoo_correct_gradients(name):
+    mod = importlib.import_module(f"tests.zoo.{name}")
+    make = mod.make if hasattr(mod, "make") else mod.LLtPIT
+    assert _gradcheck_module(_generic(make(24, 4, dtype=torch.float64, device="cpu", seed=0)))
+
+
+def test_zoo_wrong_backward_fails_gradcheck():
+    from tests.zoo import broken_backward
+
+    assert not _gradcheck_module(_generic(broken_backward.make(24, 4, dtype=torch.float64, device="cpu", seed=0)),
+                                 raise_exception=False)

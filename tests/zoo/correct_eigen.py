@@ -11,7 +11,10 @@ class EigenPIT(torch.nn.Module):
         self.V, self.D, self.dtype = vocab_size, hidden_size, dtype
         self.fdtype = torch.float64 if dtype == torch.float64 else torch.float32
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(vocab_size, hidden_size, generator=g, dtype=torch.float64) / vocab_size ** 0.5
+        q, r = torch.linalg.qr(torch.randn(vocab_size, hidden_size, generator=g, dtype=torch.float64))
+        # X = Q S with distinct singular values: Z = polar(X) = Q is Haar, and the eigh backward, which divides
+        # by gaps between eigenvalues of X^T X, stays well conditioned
+        x = q * torch.sign(torch.diagonal(r)) * (1.0 + torch.arange(hidden_size, dtype=torch.float64) / hidden_size)
         self.X = torch.nn.Parameter(x.to(device, self.fdtype))
         self.A = torch.nn.Parameter(torch.zeros(hidden_size, hidden_size, device=device, dtype=self.fdtype))
         self.s = torch.nn.Parameter(torch.zeros(hidden_size, device=device, dtype=self.fdtype))
