@@ -101,8 +101,8 @@ def _train(m, steps, post_step, lr=0.5, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_retraction_keeps_memory_orthonormal(retraction, dtype):
     m = _train(nn.make(V, D, dtype=dtype, seed=0, retraction=retraction), 100, post_step=True)
-    # projective retractions stay at a few u; exact Cayley accumulates ~sqrt(steps) u
-    assert orth_loss(m) <= 100 * D * U[dtype]
+    # measured 6-50 u (QR, Cholesky-QR, Cayley lowest; polar from eigh highest); no retraction: 1e8-5e16 u
+    assert orth_loss(m) <= 20 * D * U[dtype]
     E, W = maps(m)
     assert np.linalg.norm(W @ E - np.eye(D)) <= 1e3 * D * U[dtype]
 
@@ -113,7 +113,7 @@ def test_memory_drifts_without_retraction(dtype):
     free = _train(nn.make(V, D, dtype=dtype, seed=0), 100, post_step=False)
     none = _train(nn.make(V, D, dtype=dtype, seed=0, retraction="none"), 100, post_step=True)
     for m in (free, none):
-        assert orth_loss(m) > 1e4 * 100 * D * U[dtype]
+        assert orth_loss(m) > 1e4 * 20 * D * U[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
