@@ -1,0 +1,100 @@
+"""`validate(target)`: the Python API behind `pitcheck validate` and the pytest plugin."""
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import PitcheckError
+from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition, judge
+from .isolation import TargetRun, run_isolated
+from .result import ValidationResult
+from .target import DTYPES, UNIT_ROUNDOFF, TargetError, describe_callable
+
+DEFAULT_VOCAB, DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT = 2048, 32, 200, 300.0
+
+
+def parse_checks(checks) -> list[str]:
+    if checks is None or checks == "" or checks == "all":
+        return list(CHECKS)
+    names = [c.strip() for c in checks.split(",")] if isinstance(checks, str) else list(checks)
+    unknown = [c for c in names if c not in CHECKS]
+    if unknown or not names:
+        raise PitcheckError(f"unknown check {', '.join(unknown) or '(none)'}; choose from {', '.join(CHECKS)}")
+    return list(dict.fromkeys(names))
+
+
+def _check_options(dtype, device, vocab, dim, steps, seed, timeout) -> None:
+    if dtype not in DTYPES:
+        raise PitcheckError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise PitcheckError(f"unknown device {device!r}; choose auto, cpu or cuda")
+    for name, value, low in (("vocab", vocab, 2), ("dim", dim, 1), ("steps", steps, 0), ("seed", seed, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise PitcheckError(f"--{name} must be an integer >= {low}, got {value!r}")
+    if vocab < 2 * dim:
+        raise PitcheckError(f"--vocab {vocab} must be at least 2 x --dim {dim}: the memory is a tall V x D matrix")
+    if vocab * dim > 2**27:
+        raise PitcheckError(f"V x D = {vocab * dim} is beyond what a validation needs (at most 2^27 entries)")
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise PitcheckError(f"--timeout must be a positive number of seconds, got {timeout!r}")
+
+
+def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int = DEFAULT_VOCAB,
+             dim: int = DEFAULT_DIM, steps: int = DEFAULT_STEPS, seed: int = 0, checks=None,
+             timeout: float = DEFAULT_TIMEOUT, isolate: bool = True) -> ValidationResult:
+    """Judge a PIT implementation: `target` is 'module:factory', 'path/file.py:factory' or the factory.
+
+    The target runs in a child process with a time limit (isolate=True); a factory that cannot be
+    imported by name (defined in __main__ or a notebook) runs in this process instead. Raises
+    PitcheckError for bad options; a target that fails to import, build or run gives a result with
+    `fatal` set and exit_status 2.
+    """
+    names = parse_checks(checks)
+    _check_options(dtype, device, vocab, dim, steps, seed, timeout)
+    factory = None
+    if callable(target):
+        spec = describe_callable(target)
+        if not spec:
+            factory, spec, isolate = target, getattr(target, "__qualname__", repr(target)), False
+    else:
+        spec = str(target)
+    ctx = Context(dtype, UNIT_ROUNDOFF[dtype], vocab, dim)
+    request = {"target": spec, "dtype": dtype, "device": device, "vocab": vocab, "dim": dim, "steps": steps,
+               "seed": seed, "checks": names, "conds": conditioning_ladder(ctx),
+               "generic_cond": generic_condition(ctx)}
+    start = time.monotonic()
+    run = run_isolated(request, timeout) if isolate else _run_here(factory, request)
+    result = ValidationResult(spec, dtype, device, vocab, dim, steps, seed, fatal=run.fatal)
+    for name in names:
+        if name in run.probes:
+            result.checks.append(judge(name, run.probes[name], ctx))
+        elif name == run.failed_during:
+            result.checks.append(CheckResult(name, "error", reason=run.fatal))
+        elif run.fatal:
+            result.checks.append(CheckResult(name, "error", reason="not run: the target failed earlier"))
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _run_here(factory, request: dict) -> TargetRun:
+    """In this process, for factories that a child process cannot import by name (no time limit)."""
+    from . import worker
+    from .probes import describe_exception, load_probe
+
+    run = TargetRun()
+    with tempfile.TemporaryDirectory(prefix="pitcheck-validate-") as tmp:
+        out = Path(tmp)
+        log = worker.PhaseLog(out / "phases.log")
+        try:
+            worker.collect(factory, request, out, log)
+        except Exception as exc:
+            phases = (out / "phases.log").read_text().split("\n")
+            phase = phases[-2] if len(phases) > 1 else "build"
+            run.fatal = f"target failed during {phase}: {describe_exception(exc)}"
+            run.failed_during = phase[len("check "):] if phase.startswith("check ") else ""
+        for name in request["checks"]:
+            if (out / f"{name}.npz").exists():
+                run.probes[name] = load_probe(out / f"{name}.npz")
+    return run

@@ -1,0 +1,85 @@
+"""Running the target in a child process with a time limit.
+
+A hang, os.abort(), a segfault or an exception at import becomes a one-line reason naming the phase it
+happened in; the validator itself never hangs or crashes with the target.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .probes import load_probe
+
+
+@dataclass
+class TargetRun:
+    probes: dict = field(default_factory=dict)  # check name -> Probe, for the checks that finished
+    fatal: str = ""  # why the target could not be imported, built or run to the end ('' if it could)
+    failed_during: str = ""  # the check in progress when the target died, if it died in one
+    seconds: float = 0.0
+
+
+def _phases(out: Path) -> list[str]:
+    path = out / "phases.log"
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def _death(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _stderr_tail(path: Path) -> str:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
+    return lines[-1].strip()[:200] if lines else ""
+
+
+def run_isolated(request: dict, timeout: float) -> TargetRun:
+    """Run the worker on `request` (see worker.py) and gather what it produced within `timeout` s."""
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pitcheck-validate-") as tmp:
+        out = Path(tmp)
+        (out / "request.json").write_text(json.dumps(request))
+        stderr_path = out / "stderr.txt"
+        env = dict(os.environ)
+        # the target is found from the current directory, as `python -c 'import target'` would find it
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p)
+        with open(stderr_path, "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "pitcheck.validate.worker", str(out / "request.json")],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                code, timed_out = None, True
+        run = TargetRun(seconds=time.monotonic() - start)
+        for name in request["checks"]:
+            path = out / f"{name}.npz"
+            if path.exists():
+                run.probes[name] = load_probe(path)
+        phases = _phases(out)
+        phase = phases[-1] if phases else "start-up"
+        if phase.startswith("check "):
+            run.failed_during = phase[len("check "):]
+        if timed_out:
+            run.fatal = f"target timed out after {timeout:g} s during {phase}"
+        elif (out / "fatal.txt").exists():
+            run.fatal = (out / "fatal.txt").read_text().strip()
+        elif code != 0:
+            tail = _stderr_tail(stderr_path)
+            run.fatal = f"target {_death(code)} during {phase}" + (f" ({tail})" if tail else "")
+        return run

@@ -1,0 +1,475 @@
+"""What runs inside the target's process: drive the module, read off what it computes, judge nothing.
+
+Every probe takes a freshly built module and returns a `Probe`: named float64 arrays (the maps the
+module computes, extracted black-box) and JSON-able facts (dtypes, exceptions, reached conditioning).
+The judging (checks.py) runs in pitcheck's own process on these values, so a target that corrupts its
+interpreter cannot corrupt its verdict.
+
+The maps: A = E^T with E = embed(0..V-1) (V x D, the embedding rows) and B = W^T with W = logits(I_D)
+(D x V, the head: row i is the logits of the i-th basis hidden state). Nothing forms a V x V matrix.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# optimizer for the default target contract: plain SGD at this rate
+DEFAULT_LR = 1e-2
+# Adam rate of the spectrum drive on T-side parameters (log-scale parameters move ~ this per step)
+DRIVE_LR = 0.05
+DRIVE_MAX_STEPS = 400
+
+
+@dataclass
+class Probe:
+    arrays: dict = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+
+    def add_state(self, label: str, E, W, **facts) -> None:
+        self.arrays[f"E:{label}"] = E
+        self.arrays[f"W:{label}"] = W
+        self.facts.setdefault("states", []).append({"label": label, **facts})
+
+
+def save_probe(path: Path, probe: Probe) -> None:
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, __facts__=np.array(json.dumps(probe.facts, default=float)), **probe.arrays)
+    os.replace(tmp, path)
+
+
+def load_probe(path: Path) -> Probe:
+    with np.load(path, allow_pickle=False) as data:
+        facts = json.loads(str(data["__facts__"]))
+        arrays = {k: data[k] for k in data.files if k != "__facts__"}
+    return Probe(arrays=arrays, facts=facts)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def describe_exception(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+class Harness:
+    """The target module and the ways pitcheck may touch it: maps, its own optimizer, post_step."""
+
+    def __init__(self, module, vocab: int, dim: int, dtype, device: str, seed: int):
+        torch = _torch()
+        self.torch, self.module = torch, module
+        self.vocab, self.dim, self.dtype, self.device, self.seed = vocab, dim, dtype, device, seed
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.optimizer = self.make_optimizer()
+
+    # ---- what the module computes ----------------------------------------------------------------
+    def embed(self, ids):
+        return self.module.embed(ids)
+
+    def logits(self, h):
+        return self.module.logits(h)
+
+    def maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """E (V x D) and W (D x V) as float64 copies of what the module returns."""
+        torch = self.torch
+        with torch.no_grad():
+            E = self.embed(torch.arange(self.vocab, device=self.device))
+            W = self.logits(torch.eye(self.dim, dtype=self.dtype, device=self.device))
+        return to_numpy(E), to_numpy(W)
+
+    # ---- how the module moves ----------------------------------------------------------------
+    def make_optimizer(self):
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if hasattr(self.module, "configure_optimizer"):
+            return self.module.configure_optimizer(params)
+        return self.torch.optim.SGD(params, lr=DEFAULT_LR) if params else None
+
+    def post_step(self) -> None:
+        if hasattr(self.module, "post_step"):
+            self.module.post_step()
+
+    def randn(self, *shape, scale: float = 1.0):
+        x = self.torch.randn(*shape, generator=self.generator, dtype=self.torch.float64) * scale
+        return x.to(device=self.device)
+
+    def random_loss(self, batch: int = 32):
+        """A generic linear functional of both maps: gradients reach every parameter."""
+        torch = self.torch
+        ids = torch.randint(0, self.vocab, (batch,), generator=self.generator).to(self.device)
+        h = self.randn(batch, self.dim).to(self.dtype)
+        r_in = self.randn(batch, self.dim).to(self.dtype)
+        r_out = self.randn(batch, self.vocab, scale=1.0 / math.sqrt(self.vocab)).to(self.dtype)
+        return (self.embed(ids) * r_in).float().sum() + (self.logits(h) * r_out).float().sum()
+
+    def own_step(self, loss, grad_norm: float = 1.0) -> None:
+        """One step of the module's own optimizer on `loss`, then post_step. The gradient is rescaled to
+        `grad_norm` (as clipping does in LM training): a linear loss on logits = h L L^T Z^T has a
+        gradient that grows with L, and unscaled it would blow T up within a few bursts."""
+        if self.optimizer is None:
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        total = math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads))
+        if total > 0 and math.isfinite(total):
+            for g in grads:
+                g.mul_(grad_norm / total)
+        self.optimizer.step()
+        self.post_step()
+
+    def t_side_parameters(self) -> list:
+        """Parameters smaller than the memory: where T lives in every convention we know of."""
+        return [p for p in self.module.parameters() if p.requires_grad and p.numel() < self.vocab * self.dim]
+
+    def drive_spectrum(self, cond: float, max_steps: int = DRIVE_MAX_STEPS) -> float:
+        """Push the eigenvalues of T toward a geometric spectrum of condition `cond` through the module's
+        own T-side parameters (Adam on the squared log-eigenvalue error, post_step after each step).
+        T's eigenvalues are the singular values of the head W = T Z^T. Returns cond(T) reached."""
+        torch = self.torch
+        params = self.t_side_parameters()
+        eye = torch.eye(self.dim, dtype=self.dtype, device=self.device)
+        half = 0.5 * math.log(cond)
+        target = torch.linspace(-half, half, self.dim, dtype=torch.float64, device=self.device)
+        reached = self.head_condition()
+        if not params or cond <= 1.0:
+            return reached
+        opt = torch.optim.Adam(params, lr=DRIVE_LR)
+        for _ in range(max_steps):
+            W = self.logits(eye).to(torch.float64)
+            ev = torch.linalg.eigvalsh(W @ W.T).clamp_min(1e-300)
+            log_t = 0.5 * torch.log(ev)
+            reached = float(torch.exp(log_t[-1] - log_t[0]).detach())
+            if not math.isfinite(reached) or abs(math.log(reached / cond)) < 0.05 * max(math.log(cond), 1.0):
+                break
+            loss = ((log_t - target) ** 2).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            self.post_step()
+        return self.head_condition()
+
+    def head_condition(self) -> float:
+        with self.torch.no_grad():
+            W = self.logits(self.torch.eye(self.dim, dtype=self.dtype, device=self.device))
+        s = np.linalg.svd(to_numpy(W), compute_uv=False)
+        return float(s[0] / s[-1]) if s[-1] > 0 and np.isfinite(s).all() else math.inf
+
+    def generic_state(self, cond: float = 10.0, own_steps: int = 3) -> float:
+        """Away from T = I (where one solve and two agree): a few own steps, then T driven to `cond`."""
+        for _ in range(own_steps):
+            self.own_step(self.random_loss())
+        return self.drive_spectrum(cond)
+
+
+def to_numpy(x) -> np.ndarray:
+    return x.detach().to(device="cpu", dtype=_torch().float64).numpy().copy()
+
+
+# ---- one probe per check --------------------------------------------------------------------------
+
+def probe_contract(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
+    torch = h.torch
+    out = Probe()
+    ids = torch.randint(0, h.vocab, (2, 3), generator=h.generator).to(h.device)
+    e = h.embed(ids)
+    hid = h.randn(2, 3, h.dim).to(h.dtype)
+    lg = h.logits(hid)
+    out.facts["embed"] = {"shape": list(e.shape), "dtype": str(e.dtype).replace("torch.", "")}
+    out.facts["logits"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", "")}
+    out.facts["tensors"] = [
+        {"name": name, "dtype": str(t.dtype).replace("torch.", ""), "kind": kind}
+        for kind, items in (("parameter", h.module.named_parameters()), ("buffer", h.module.named_buffers()))
+        for name, t in items
+        if t.is_floating_point()
+    ]
+    E, W = h.maps()
+    out.add_state("init", E, W)
+    h.generic_state(generic_cond)
+    E, W = h.maps()
+    out.add_state("generic", E, W)
+    return out
+
+
+def probe_penrose(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
+    out = Probe()
+    out.add_state("init", *h.maps(), cond_target=1.0)
+    for _ in range(3):
+        h.own_step(h.random_loss())
+    out.add_state("own steps", *h.maps(), cond_target=None)
+    reached = h.drive_spectrum(generic_cond)
+    out.add_state(f"cond {generic_cond:g}", *h.maps(), cond_target=generic_cond, cond_reached=reached)
+    return out
+
+
+def probe_reference(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
+    out = Probe()
+    out.add_state("init", *h.maps())
+    reached = h.generic_state(generic_cond)
+    out.add_state(f"cond {generic_cond:g}", *h.maps(), cond_reached=reached)
+    # the maps as the module applies them to batches: gathers and a batched head
+    torch = h.torch
+    ids = torch.randint(0, h.vocab, (64,), generator=h.generator).to(h.device)
+    hid = h.randn(64, h.dim).to(h.dtype)
+    with torch.no_grad():
+        out.arrays["ids"] = ids.cpu().numpy()
+        out.arrays["embed_rows"] = to_numpy(h.embed(ids))
+        out.arrays["hidden"] = to_numpy(hid)
+        out.arrays["logits_rows"] = to_numpy(h.logits(hid))
+    return out
+
+
+def probe_conditioning(h: Harness, conds=(), **_) -> Probe:
+    """States of rising cond(T) reached through the module's parameters; then zeroed T-side parameters
+    (weight decay's limit), which a positive-definite parametrisation survives."""
+    out = Probe()
+    snapshot = {k: v.detach().clone() for k, v in h.module.state_dict().items()}
+    for cond in conds:
+        reached = h.drive_spectrum(cond)
+        out.add_state(f"cond {cond:.0e}", *h.maps(), cond_target=cond, cond_reached=reached)
+    h.module.load_state_dict(snapshot)
+    attacks = []
+    with h.torch.no_grad():
+        for name, p in h.module.named_parameters():
+            if p.requires_grad and p.numel() < h.vocab * h.dim:
+                attacks.append(name)
+    out.facts["zeroed"] = []
+    for name in attacks:
+        h.module.load_state_dict(snapshot)
+        with h.torch.no_grad():
+            dict(h.module.named_parameters())[name].zero_()
+        try:
+            h.post_step()
+            E, W = h.maps()
+        except Exception as exc:  # a clear refusal is what we hope for
+            out.facts["zeroed"].append({"parameter": name, "raised": describe_exception(exc)})
+            continue
+        label = f"zeroed {name}"
+        out.add_state(label, E, W, attack=name)
+        out.facts["zeroed"].append({"parameter": name, "state": label})
+    return out
+
+
+def _directional(h: Harness, loss_fn, direction) -> float:
+    """d/dt loss(params + t direction) at t = 0 by autograd."""
+    params = [p for p in h.module.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    loss_fn().backward()
+    total = 0.0
+    for p, d in zip(params, direction):
+        if p.grad is not None:
+            total += float((p.grad.to(h.torch.float64) * d.to(p.grad.device, h.torch.float64)).sum())
+    return total
+
+
+def _shift(h: Harness, direction, t: float) -> None:
+    with h.torch.no_grad():
+        for p, d in zip([p for p in h.module.parameters() if p.requires_grad], direction):
+            p.add_(t * d.to(p.device, p.dtype))
+
+
+def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_) -> Probe:
+    """Autograd's directional derivative of a fixed loss through embed and logits, against central
+    differences in the widest precision the target builds in (fd_harness), at a generic state."""
+    torch = h.torch
+    out = Probe()
+    work = fd_harness or h
+    out.facts["cond_T"] = work.generic_state(generic_cond)
+    g = torch.Generator().manual_seed(h.seed + 7)
+    ids = torch.randint(0, h.vocab, (32,), generator=g)
+    hid = torch.randn(32, h.dim, generator=g, dtype=torch.float64)
+    r_in = torch.randn(32, h.dim, generator=g, dtype=torch.float64)
+    r_out = torch.randn(32, h.vocab, generator=g, dtype=torch.float64) / math.sqrt(h.vocab)
+
+    def loss_of(hh: Harness):
+        def loss():
+            e = hh.embed(ids.to(hh.device)).to(torch.float64)
+            lg = hh.logits(hid.to(hh.device, hh.dtype)).to(torch.float64)
+            return (e * r_in.to(e.device)).sum() + (lg * r_out.to(lg.device)).sum()
+        return loss
+
+    params = [p for p in work.module.parameters() if p.requires_grad]
+    direction = []
+    for p in params:
+        d = torch.randn(p.shape, generator=g, dtype=torch.float64)
+        direction.append(d / max(float(d.norm()), 1e-300) * max(float(p.detach().double().norm()), 1.0) * 1e-1)
+    out.facts["fd_dtype"] = str(work.dtype).replace("torch.", "")
+    out.facts["parameters"] = len(params)
+    if not params:
+        return out
+    ad = _directional(work, loss_of(work), direction)
+    fd = {}
+    u = float(torch.finfo(work.dtype).eps) / 2
+    snapshot = {k: v.detach().clone() for k, v in work.module.state_dict().items()}
+    for step in (u ** (1 / 3), 0.5 * u ** (1 / 3)):
+        with torch.no_grad():
+            _shift(work, direction, step)
+            plus = float(loss_of(work)())
+            work.module.load_state_dict(snapshot)
+            _shift(work, direction, -step)
+            minus = float(loss_of(work)())
+            work.module.load_state_dict(snapshot)
+        fd[step] = (plus - minus) / (2 * step)
+    steps = sorted(fd)
+    # Richardson: removes the O(t^2) term of central differences
+    fd_value = (4 * fd[steps[0]] - fd[steps[1]]) / 3
+    out.facts.update({"autograd": ad, "finite_difference": fd_value, "fd_plain": fd[steps[1]], "fd_step": steps[1]})
+    out.facts["loss_scale"] = float(abs(loss_of(work)()))
+    if fd_harness is not None:
+        # the target in the dtype under test, at the same state, against the widest build's autograd
+        h.module.load_state_dict(work.module.state_dict())
+        h_params = [p for p in h.module.parameters() if p.requires_grad]
+        if len(h_params) == len(params):
+            out.facts["autograd_under_test"] = _directional(h, loss_of(h), direction)
+    return out
+
+
+ADVERSARY_CHANNELS = ("gaussian", "dense_output", "sparse_input", "spike")
+
+
+def adversary_loss(h: Harness, step: int, rng: np.random.Generator):
+    """The adversaries' channels as losses on the module's outputs: gaussian (dense random functional of
+    both maps), dense output (softmax cross-entropy residual of the head at Zipf targets), sparse input
+    (a Zipf batch of embedding rows), spike (a rare burst 100x the usual size). Returns the loss and
+    the norm its gradient is scaled to."""
+    torch = h.torch
+    V, D, batch = h.vocab, h.dim, 32
+    zipf = 1.0 / np.arange(1, V + 1) ** 1.1
+    zipf /= zipf.sum()
+    ids = torch.from_numpy(rng.choice(V, size=batch, p=zipf)).to(h.device)
+    hid = torch.from_numpy(rng.standard_normal((batch, D))).to(h.device, h.dtype)
+    r_in = torch.from_numpy(rng.standard_normal((batch, D)) / math.sqrt(D)).to(h.device)
+    r_out = torch.from_numpy(rng.standard_normal((batch, V)) / math.sqrt(V)).to(h.device)
+    targets = torch.from_numpy(rng.choice(V, size=batch, p=zipf)).to(h.device)
+    burst = rng.random() < 0.01
+    lg = h.logits(hid).to(torch.float64)
+    e = h.embed(ids).to(torch.float64)
+    gaussian = (e * r_in).sum() + (lg * r_out).sum()
+    dense_output = torch.nn.functional.cross_entropy(lg, targets)
+    sparse_input = (e * r_in).sum()
+    # a spike: the step's gradient 100 times the usual norm
+    return gaussian + dense_output + sparse_input, (100.0 if burst else 1.0)
+
+
+def probe_trajectory(h: Harness, steps: int = 200, shadow=None, **_) -> Probe:
+    """N steps of the module's own optimizer and post_step on the adversaries' losses; maps at log-spaced
+    steps. `shadow` (the same target built in float64) is driven by the same losses."""
+    out = Probe()
+    rng_seed = h.seed + 11
+    marks = sorted({0, steps, *np.unique(np.round(np.logspace(0, math.log10(max(steps, 1)), 8)).astype(int))})
+    marks = [m for m in marks if m <= steps]
+    rng = np.random.default_rng(rng_seed)
+    shadow_rng = np.random.default_rng(rng_seed)
+    if shadow is not None:
+        shadow.module.load_state_dict(h.module.state_dict())
+    for step in range(steps + 1):
+        if step in marks:
+            E, W = h.maps()
+            facts = {"step": step}
+            if shadow is not None:
+                E64, W64 = shadow.maps()
+                facts["shadow_E"] = float(np.linalg.norm(E - E64) / max(np.linalg.norm(E64), 1e-300))
+                facts["shadow_W"] = float(np.linalg.norm(W - W64) / max(np.linalg.norm(W64), 1e-300))
+            out.add_state(f"step {step}", E, W, **facts)
+        if step == steps:
+            break
+        h.own_step(*adversary_loss(h, step, rng))
+        if shadow is not None:
+            shadow.own_step(*adversary_loss(shadow, step, shadow_rng))
+    return out
+
+
+def probe_checkpoint(h: Harness, fresh=None, **_) -> Probe:
+    """state_dict -> a fresh instance built with another seed -> load_state_dict (optimizer state too)
+    -> one step, against the uninterrupted module taking the same step."""
+    out = Probe()
+    for _ in range(3):
+        h.own_step(h.random_loss())
+    out.add_state("before", *h.maps())
+    fresh.module.load_state_dict(h.module.state_dict())
+    if h.optimizer is not None and fresh.optimizer is not None:
+        fresh.optimizer.load_state_dict(h.optimizer.state_dict())
+    out.add_state("loaded", *fresh.maps())
+    seed = h.seed + 13
+    for harness in (h, fresh):
+        harness.generator.manual_seed(seed)
+        harness.own_step(harness.random_loss())
+    out.add_state("uninterrupted after step", *h.maps())
+    out.add_state("resumed after step", *fresh.maps())
+    return out
+
+
+def _attempt(fn) -> dict:
+    try:
+        value = fn()
+    except Exception as exc:
+        return {"raised": describe_exception(exc)}
+    return {"value": value}
+
+
+def probe_bad_input(h: Harness, **_) -> Probe:
+    torch = h.torch
+    out = Probe()
+    V, D = h.vocab, h.dim
+    cases = {
+        "id -1": lambda: h.embed(torch.tensor([0, -1], device=h.device)),
+        "id V": lambda: h.embed(torch.tensor([0, V], device=h.device)),
+        "float ids": lambda: h.embed(torch.tensor([0.0, 1.0], device=h.device)),
+        "empty batch": lambda: h.embed(torch.zeros(0, dtype=torch.long, device=h.device)),
+    }
+    hid = h.randn(3, D).to(h.dtype)
+    with torch.no_grad():
+        clean = to_numpy(h.logits(hid))
+        first_row = to_numpy(h.embed(torch.tensor([0, V - 1], device=h.device)))
+    out.arrays["clean_logits"] = clean
+    out.arrays["rows_0_last"] = first_row
+    for name, bad in (("nan hidden row", math.nan), ("inf hidden row", math.inf)):
+        def call(bad=bad):
+            x = hid.clone()
+            x[1] = bad
+            return h.logits(x)
+        cases[name] = call
+    results = {}
+    for name, fn in cases.items():
+        with torch.no_grad():
+            r = _attempt(fn)
+        if "value" in r:
+            value = r.pop("value")
+            r["shape"] = list(value.shape)
+            out.arrays[f"value:{name}"] = to_numpy(value)
+        results[name] = r
+    out.facts["cases"] = results
+    return out
+
+
+def probe_scale(h: Harness, **_) -> Probe:
+    """logits(c h) for c = 2^k across the dtype's exponent range (exact scalings), against c logits(h)."""
+    torch = h.torch
+    out = Probe()
+    info = torch.finfo(h.dtype)
+    hid = h.randn(4, h.dim).to(h.dtype)
+    with torch.no_grad():
+        base = h.logits(hid)
+    out.arrays["base"] = to_numpy(base)
+    out.arrays["hidden"] = to_numpy(hid)
+    lo, hi = int(math.log2(info.tiny)), int(math.log2(info.max))
+    exponents = list(range(lo, hi + 1, max(1, (hi - lo) // 40)))
+    out.facts["exponents"] = exponents
+    out.facts["max"] = float(info.max)
+    out.facts["tiny"] = float(info.tiny)
+    out.facts["scaled"] = []
+    for k in exponents:
+        with torch.no_grad():
+            r = _attempt(lambda: h.logits(hid * (2.0 ** k)))
+        if "value" in r:
+            out.arrays[f"scaled:{k}"] = to_numpy(r.pop("value"))
+        out.facts["scaled"].append({"exponent": k, **r})
+    return out

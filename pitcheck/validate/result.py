@@ -1,0 +1,129 @@
+"""A validation's result and its renderings: terminal table, JSON, markdown, JUnit XML (the same data)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+from .checks import CheckResult
+
+EXIT_PASS, EXIT_FAIL, EXIT_TARGET = 0, 1, 2
+
+
+@dataclass
+class ValidationResult:
+    target: str
+    dtype: str
+    device: str
+    vocab: int
+    dim: int
+    steps: int
+    seed: int
+    checks: list[CheckResult] = field(default_factory=list)
+    fatal: str = ""  # the target could not be imported, built or run: exit 2
+    seconds: float = 0.0
+
+    @property
+    def exit_status(self) -> int:
+        if self.fatal:
+            return EXIT_TARGET
+        return EXIT_FAIL if any(c.verdict in ("fail", "error") for c in self.checks) else EXIT_PASS
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == EXIT_PASS
+
+    def by_name(self) -> dict[str, CheckResult]:
+        return {c.name: c for c in self.checks}
+
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.verdict in ("fail", "error")]
+
+    def summary(self) -> str:
+        counts = {v: sum(c.verdict == v for c in self.checks) for v in ("pass", "fail", "inconclusive", "error")}
+        head = f"{self.target} [{self.dtype}, V={self.vocab}, D={self.dim}]: "
+        if self.fatal:
+            return head + f"target error: {self.fatal}"
+        text = f"{counts['fail'] + counts['error']} of {len(self.checks)} checks failed"
+        extra = [f"{counts['inconclusive']} inconclusive"] if counts["inconclusive"] else []
+        return head + text + (f" ({', '.join(extra)})" if extra else "") + f" in {self.seconds:.1f} s"
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target, "dtype": self.dtype, "device": self.device, "vocab": self.vocab,
+            "dim": self.dim, "steps": self.steps, "seed": self.seed,
+            "exit_status": self.exit_status, "fatal": self.fatal, "seconds": round(self.seconds, 3),
+            "summary": self.summary(), "checks": [c.to_json() for c in self.checks],
+        }
+
+    # ---- renderings ----------------------------------------------------------------------------
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        return [(c.name, c.verdict, _fmt(c.value), _fmt(c.threshold), c.reason or "-") for c in self.checks]
+
+    def table(self, width: int = 120) -> str:
+        header = ("check", "verdict", "ratio", "threshold", "reason")
+        rows = self.rows()
+        w = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+        lines = []
+        for r in [header] + rows:
+            line = "  ".join(r[i].ljust(w[i]) for i in range(4)) + "  " + r[4]
+            lines.append(line if len(line) <= width else line[: width - 3] + "...")
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        out = [f"# pitcheck validate: {self.target}", "",
+               f"dtype {self.dtype}, device {self.device}, V={self.vocab}, D={self.dim}, {self.steps} trajectory "
+               f"steps, seed {self.seed}. Ratios are errors in units of u = 2^-p of {self.dtype} (times cond(T) "
+               "where theory puts it); a ratio above the threshold fails.", "",
+               f"**{self.summary()}**", ""]
+        if self.fatal:
+            out += [f"Target error: {self.fatal}", ""]
+        out += ["| check | verdict | ratio | threshold | reason |", "|---|---|---|---|---|"]
+        for r in self.rows():
+            out.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
+        return "\n".join(out) + "\n"
+
+    def junit(self) -> str:
+        fails = sum(c.verdict == "fail" for c in self.checks)
+        errors = sum(c.verdict == "error" for c in self.checks) + (1 if self.fatal else 0)
+        skipped = sum(c.verdict == "inconclusive" for c in self.checks)
+        suite = f"pitcheck.validate[{self.target}-{self.dtype}]"
+        lines = ['<?xml version="1.0" encoding="utf-8"?>',
+                 f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(self.checks) + (1 if self.fatal else 0)}" '
+                 f'failures="{fails}" errors="{errors}" skipped="{skipped}" time="{self.seconds:.3f}">']
+        if self.fatal:
+            lines.append(f'<testcase classname={quoteattr(suite)} name="target"><error message={quoteattr(self.fatal)}/></testcase>')
+        for c in self.checks:
+            msg = f"{c.reason} (ratio {_fmt(c.value)}, threshold {_fmt(c.threshold)})"
+            body = {"pass": "", "fail": f"<failure message={quoteattr(msg)}>{escape(msg)}</failure>",
+                    "error": f"<error message={quoteattr(c.reason)}/>",
+                    "inconclusive": f"<skipped message={quoteattr('inconclusive: ' + c.reason)}/>"}[c.verdict]
+            lines.append(f"<testcase classname={quoteattr(suite)} name={quoteattr(c.name)}>{body}</testcase>")
+        lines.append("</testsuite></testsuites>")
+        return "\n".join(lines) + "\n"
+
+    def write(self, json_path: str | None = None, report: str | None = None, junit: str | None = None) -> None:
+        for path, text in ((json_path, lambda: json.dumps(self.to_json(), indent=2) + "\n"),
+                           (report, self.markdown), (junit, self.junit)):
+            if path:
+                _write_atomic(Path(path), text())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    return f"{x:.3g}" if math.isfinite(x) else str(x)
