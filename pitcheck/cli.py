@@ -1,4 +1,10 @@
-"""Command line: a thin layer over pitcheck's Python API. Bad input ends in a one-line error, exit 2."""
+"""Command line: a thin layer over pitcheck's Python API.
+
+Bad input ends in a one-line error and exit status 2; a run whose state breaks down, in a message and
+exit status 1; Ctrl-C, at any moment, in a one-line message (exit 130, or 2 with the checkpoint saved).
+Only the standard library is imported at the top: Ctrl-C while numpy, scipy or torch load is still
+inside main's handler.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,17 +12,13 @@ import sys
 from pathlib import Path
 from dataclasses import fields, replace
 
-from .engine import OPTIMIZERS
 from .errors import PitcheckError
-from .gradients import GRADIENT_MODELS
-from .policy import POLICIES
-from .retractions import RETRACTIONS
-from .trajectory import RunConfig, teacher_shape
-
-DEFAULTS = RunConfig()
 
 
 def _add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int) -> None:
+    from .engine import OPTIMIZERS
+    from .gradients import GRADIENT_MODELS
+    from .trajectory import RunConfig as DEFAULTS  # the dataclass's defaults, as class attributes
     p.add_argument("--adversary", default=DEFAULTS.adversary,
                    help=f"comma-separated gradient models, summed: {', '.join(GRADIENT_MODELS)}")
     p.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)
@@ -36,16 +38,23 @@ def _add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: in
     p.add_argument("--reproject-threshold", type=float, default=0.0, metavar="TOL",
                    help="re-project when ||Z^T Z - I||_F exceeds TOL")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true",
+                   help="replace the run(s) already in --out instead of refusing (the start of a new run)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .policy import POLICIES
+    from .retractions import RETRACTIONS
+    from .trajectory import RunConfig as DEFAULTS
+
     parser = argparse.ArgumentParser(prog="pitcheck", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="simulate one trajectory and write a run directory")
     p.add_argument("--backend", default="numpy", choices=["numpy", "torch"])
     p.add_argument("--precision", default="fp64", choices=list(POLICIES))
-    p.add_argument("--retraction", default=DEFAULTS.retraction, help=", ".join(RETRACTIONS))
+    # None: not given (the default, qr, for --head pit; the baselines refuse an explicit one)
+    p.add_argument("--retraction", default=None, help=", ".join(RETRACTIONS) + " (default qr)")
     _add_run_options(p, DEFAULTS.steps, DEFAULTS.vocab, DEFAULTS.dim)
     p.add_argument("--head", default="pit", choices=["pit", "tied", "untied"],
                    help="PIT, or the baselines: standard tying (W = E^T) or two untied tables")
@@ -63,20 +72,56 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("runs", nargs="+")
     g.add_argument("--metrics", default="orthonormality,pinv_drift,trisolve_forward")
     g.add_argument("--out", required=True, help="PNG file")
+
+    v = sub.add_parser("validate", help="judge a third-party PIT implementation (module:factory) against the reference")
+    _add_validate_options(v)
     return parser
 
 
-def _config(args, **over) -> RunConfig:
+def _add_validate_options(v: argparse.ArgumentParser) -> None:
+    from .validate import CHECKS, api
+
+    v.add_argument("target", help="module:factory or path/to/file.py:factory")
+    v.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16", "float16"])
+    v.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    v.add_argument("--vocab", type=int, default=api.DEFAULT_VOCAB)
+    v.add_argument("--dim", type=int, default=api.DEFAULT_DIM)
+    v.add_argument("--steps", type=int, default=api.DEFAULT_STEPS, help="trajectory steps")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--checks", default="all", help=f"comma-separated subset of: {', '.join(CHECKS)}")
+    v.add_argument("--timeout", type=float, default=api.DEFAULT_TIMEOUT, help="seconds for the target's process")
+    v.add_argument("--json", default=None, metavar="FILE")
+    v.add_argument("--report", default=None, metavar="FILE.md")
+    v.add_argument("--junit", default=None, metavar="FILE.xml")
+
+
+def _config(args, **over):
+    from .trajectory import RunConfig, teacher_shape
+
+    if getattr(args, "resume", False) and args.force:
+        raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
+    if getattr(args, "head", "pit") != "pit" and args.retraction is not None:
+        raise PitcheckError(f"--head {args.head} has no retraction: --retraction applies to --head pit only")
     names = {f.name for f in fields(RunConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     # V and D follow the teacher unless given explicitly (then they must match it)
     shape = teacher_shape(args.teacher) if args.teacher else args.default_shape
     values["vocab"] = shape[0] if args.vocab is None else args.vocab
     values["dim"] = shape[1] if args.dim is None else args.dim
-    return replace(DEFAULTS, **values, **over)
+    return replace(RunConfig(), **values, **over)
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("pitcheck: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    from .trajectory import RunBreakdown
+
     args = build_parser().parse_args(argv)
     progress = False if getattr(args, "no_progress", False) else None  # None: a bar only on a terminal
     try:
@@ -84,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             from .trajectory import run
 
             cfg = _config(args, shadow=not args.no_shadow)
-            rows = run(cfg, args.out, resume=args.resume, progress=progress)
+            rows = run(cfg, args.out, resume=args.resume, progress=progress, force=args.force)
             last = rows[-1]
             print(f"step {last['step']}: orthonormality {last['orthonormality']:.3e}  "
                   f"pinv_drift {last['pinv_drift']:.3e}  cond_T {last['cond_T']:.3e}  "
@@ -93,19 +138,39 @@ def main(argv: list[str] | None = None) -> int:
             from .report import compare
 
             summary = compare(args.out, _config(args), args.precisions.split(","), args.retractions.split(","),
-                              progress=progress)
+                              progress=progress, force=args.force)
             print((Path(args.out) / "report.md").read_text())
             print(f"{len(summary)} runs -> {args.out}/report.md, {args.out}/compare.png")
+            broken = [f"{r['precision']}-{r['retraction']}" for r in summary if "breakdown_step" in r]
+            if broken:
+                print(f"pitcheck: breakdown: {', '.join(broken)} broke down; see their events.jsonl", file=sys.stderr)
+                return 1
         elif args.command == "plot":
             from .report import plot_runs
 
             print(plot_runs(args.runs, args.out, args.metrics.split(",")))
+        elif args.command == "validate":
+            from .validate import validate
+
+            result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
+                              steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout)
+            result.write(args.json, args.report, args.junit)
+            print(result.table())
+            print(result.summary(), file=sys.stderr if result.fatal else sys.stdout)
+            return result.exit_status
+    except RunBreakdown as exc:
+        print(f"pitcheck: breakdown: {exc}", file=sys.stderr)
+        return 1
     except PitcheckError as exc:
         print(f"pitcheck: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("pitcheck: interrupted", file=sys.stderr)
-        return 130
+    except MemoryError:
+        print("pitcheck: error: out of memory; choose a smaller --vocab or --dim", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # the edges turn the expected ones into PitcheckError; this keeps any other to one line too
+        print(f"pitcheck: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -15,12 +15,16 @@ from .arrays import NumpyOps, TorchOps
 from .errors import PitcheckError
 from .formats import FORMATS, round_to
 from .gradients import gradient
-from .metrics import interface_metrics
+from .metrics import (cholesky_conditioning, head_metrics, interface_metrics, measure_guarded, orthonormality_loss,
+                      orthonormality_ratio, sample_ids, trisolve_errors)
 from .policy import Policy
 from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
+CONDITIONING = ("cond_L", "cond_T", "min_diag_L", "breakdown_margin")
+TRISOLVE = ("trisolve_forward", "trisolve_forward_ratio", "trisolve_backward", "trisolve_backward_ratio")
+HEAD = ("pinv_drift", "penrose", "penrose_1", "penrose_2", "penrose_3", "penrose_4", "pinv_error")
 MOMENTUM, BETA1, BETA2, ADAM_EPS = 0.9, 0.9, 0.999, 1e-8
 # torch.amp.GradScaler's defaults
 LOSS_SCALE_INIT, LOSS_SCALE_GROWTH_INTERVAL = 2.0**16, 2000
@@ -40,8 +44,15 @@ class StepSettings:
             raise PitcheckError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if not (np.isfinite(self.lr) and self.lr > 0):
             raise PitcheckError(f"--lr must be a positive finite number, got {self.lr}")
-        if self.reproject_every < 0 or self.reproject_threshold < 0:
-            raise PitcheckError("--reproject-every and --reproject-threshold must be >= 0")
+        if self.reproject_every < 0:
+            raise PitcheckError(f"--reproject-every must be >= 0, got {self.reproject_every}")
+        # NaN would pass a '< 0' test and silently disable the guard
+        if not (np.isfinite(self.reproject_threshold) and self.reproject_threshold >= 0):
+            raise PitcheckError(f"--reproject-threshold must be a finite number >= 0, got {self.reproject_threshold}")
+
+
+class StateBreakdown(Exception):
+    """The stored model can no longer compute (non-finite entries, L singular): the run cannot go on."""
 
 
 def resolve_device(device: str) -> str:
@@ -139,6 +150,29 @@ class Engine:
         """Z and L as the model stores and computes with them, as float64 numpy (exact copies)."""
         return self._numpy(self.Z), self._numpy(self.L)
 
+    def degenerate(self) -> str | None:
+        """Why the stored model cannot compute its maps, or None: checked before any solve uses L."""
+        p = self.policy
+        if not self.ops.isfinite_all(self.Z):
+            return f"Z has non-finite entries in {p.storage} storage"
+        if not self.ops.isfinite_all(self.L):
+            return f"L has non-finite entries in {p.storage} storage"
+        diag = self.ops.diag(self.L)
+        if not bool((diag > 0).all()):
+            low = float(diag.min())
+            return (f"L's diagonal reached {low:g} in {p.storage} storage: T = L L^T is singular "
+                    "and the embedding's triangular solves would divide by zero")
+        return None
+
+    def snapshot(self) -> tuple:
+        """The state between steps, by reference: a step replaces these arrays, it never writes into them."""
+        return self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step
+
+    def restore(self, snap: tuple) -> None:
+        master, opt, self.loss_scale, self.good_steps, self.opt_step = snap
+        self.master, self.opt = master, dict(opt)
+        self._refresh_stored()
+
     def state_dict(self) -> dict:
         d = {f"master_{k}": self._numpy(v) for k, v in self.master.items()}
         d.update({f"opt_{k}": self._numpy(v) for k, v in self.opt.items()})
@@ -206,6 +240,9 @@ class Engine:
             return [{"event": "nonfinite_state", "action": "step skipped"}]
         self.master = {k: self._to(v, self.policy.master) for k, v in master.items()}
         self._refresh_stored()
+        problem = self.degenerate()
+        if problem:
+            raise StateBreakdown(problem)  # the caller restores its snapshot
         if self.policy.loss_scaling:
             self.good_steps += 1
             if self.good_steps >= LOSS_SCALE_GROWTH_INTERVAL:
@@ -245,9 +282,28 @@ class Engine:
         return events + self._commit({"Z": Z_new, "raw": raw - s.lr * direction_L})
 
     def interface(self) -> dict:
-        """The interface metrics of what this model computes with."""
+        """The interface metrics of what this model computes with.
+
+        When some metric is undefined (the computed embedding overflowed, say), the others are still
+        measured; the undefined ones are NaN and the row's 'unmeasured' says why.
+        """
         Z, L = self.stored()
-        return interface_metrics(Z, L, self.embed_all(), self.policy.u, FORMATS[self.policy.factor].u)
+        E = self.embed_all()
+        u, factor_u = self.policy.u, FORMATS[self.policy.factor].u
+        try:
+            return interface_metrics(Z, L, E, u, factor_u)
+        except PitcheckError:
+            pass
+        ids = sample_ids(Z.shape[0], 256)
+        conditioning = measure_guarded([(CONDITIONING, lambda: cholesky_conditioning(L, factor_u))])
+        cond_T = conditioning["cond_T"] if np.isfinite(conditioning["cond_T"]) else None
+        return measure_guarded([
+            (("orthonormality", "orthonormality_ratio"),
+             lambda: {"orthonormality": orthonormality_loss(Z), "orthonormality_ratio": orthonormality_ratio(Z, u)}),
+            (CONDITIONING, lambda: conditioning),
+            (TRISOLVE, lambda: trisolve_errors(Z, L, E[ids], ids, u, cond_T)),
+            (HEAD, lambda: head_metrics(E, Z @ (L @ L.T))),
+        ], conditioning.get("unmeasured", []))
 
     def distance(self, other: "Engine") -> tuple[float, float]:
         """Relative distances of Z and of T from another engine's (the float64 shadow's)."""

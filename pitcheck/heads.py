@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine import Engine
+from .engine import HEAD, Engine
 from .gradients import gradient
-from .metrics import head_metrics, orthonormality_loss, orthonormality_ratio
+from .metrics import head_metrics, measure_guarded, orthonormality_loss, orthonormality_ratio
 
 HEADS = ("pit", "tied", "untied")
 PIT_ONLY = ("cond_T", "min_diag_L", "breakdown_margin", "trisolve_forward", "trisolve_forward_ratio",
@@ -36,6 +36,12 @@ class TableEngine(Engine):
         E = self._numpy(self.tables["E"])
         return E, (self._numpy(self.tables["B"]) if "B" in self.tables else E)
 
+    def degenerate(self) -> str | None:
+        for name, table in self.tables.items():
+            if not self.ops.isfinite_all(table):
+                return f"table {name} has non-finite entries in {self.policy.storage} storage"
+        return None
+
     def embed_all(self) -> np.ndarray:
         return self.stored()[0]
 
@@ -58,9 +64,12 @@ class TableEngine(Engine):
 
     def interface(self) -> dict:
         E, B = self.stored()
-        out = {"orthonormality": orthonormality_loss(E), "orthonormality_ratio": orthonormality_ratio(E, self.policy.u)}
+        out = measure_guarded([
+            (("orthonormality", "orthonormality_ratio"),
+             lambda: {"orthonormality": orthonormality_loss(E), "orthonormality_ratio": orthonormality_ratio(E, self.policy.u)}),
+            (HEAD, lambda: head_metrics(E, B)),
+        ])
         out.update({k: float("nan") for k in PIT_ONLY})
-        out.update(head_metrics(E, B))
         return out
 
     def distance(self, other: "TableEngine") -> tuple[float, float]:

@@ -3,6 +3,12 @@
 All metrics take float64 copies of what a model actually computes with, and all cost O(V D^2):
 nothing here forms a V x V matrix. The interface is written with E (V x D, the embedding rows) and
 B = W^T (V x D, the head), so the same functions judge PIT, standard tying (B = E) and untied heads.
+
+Every public function checks its input first and raises PitcheckError with the reason when a metric is
+undefined for it: arrays must be real, finite, 2-D and non-empty (numpy arrays, or torch tensors of any
+real dtype, bf16 included), L lower triangular with a positive diagonal, u in (0, 1). A value that is not
+finite in float64 (an overflow) is an error too, never a silent inf or NaN. Non-finite input is refused
+before any factorisation: LAPACK's SVD on NaN or inf can loop for ever.
 """
 from __future__ import annotations
 
@@ -15,16 +21,92 @@ EXTENDED = np.longdouble
 EXTENDED_BITS = np.finfo(np.longdouble).nmant + 1
 
 
+# ---- input checks ---------------------------------------------------------------------------------
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
+
+
+def as_matrix(x, name: str) -> np.ndarray:
+    """x as a finite, real, non-empty float64 matrix (a copy only where a conversion needs one)."""
+    if _is_torch(x):
+        import torch
+
+        if x.is_complex() or x.dtype == torch.bool:
+            raise PitcheckError(f"{name} must be a real array, got a {x.dtype} tensor")
+        x = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise PitcheckError(f"{name} is not an array ({exc})") from None
+    if a.dtype.kind == "c":
+        raise PitcheckError(f"{name} must be real, got dtype {a.dtype}")
+    # ml_dtypes' bfloat16 and float8 are numpy void-kind types with a float's name
+    if a.dtype.kind not in "fiu" and not (a.dtype.kind == "V" and "float" in a.dtype.name):
+        raise PitcheckError(f"{name} must be a real numeric array, got dtype {a.dtype}")
+    if a.ndim != 2 or a.size == 0:
+        raise PitcheckError(f"{name} must be a non-empty 2-D matrix, got shape {a.shape}")
+    a = a.astype(np.float64, copy=False)
+    if not np.isfinite(a).all():
+        raise PitcheckError(f"{name} has non-finite entries (NaN or inf): its metrics are undefined")
+    return a
+
+
+def as_factor(L, name: str = "L", strict: bool = True) -> np.ndarray:
+    """L as a square lower-triangular float64 matrix with a positive diagonal (>= 0 unless strict)."""
+    L = as_matrix(L, name)
+    if L.shape[0] != L.shape[1]:
+        raise PitcheckError(f"{name} must be square, got shape {L.shape}")
+    if np.triu(L, 1).any():
+        raise PitcheckError(f"{name} must be lower triangular (the Cholesky factor of T = L L^T)")
+    low = float(np.min(np.diag(L)))
+    if low < 0 or (strict and low == 0):
+        raise PitcheckError(f"{name} must have a positive diagonal (T = L L^T SPD), its smallest entry is {low:g}")
+    return L
+
+
+def unit_roundoff(u, name: str = "u") -> float:
+    try:
+        value = float(u)
+    except (TypeError, ValueError):
+        raise PitcheckError(f"{name} must be a number in (0, 1), got {u!r}") from None
+    if not (0 < value < 1):  # also refuses NaN
+        raise PitcheckError(f"{name} is a unit roundoff and must lie in (0, 1), got {u!r}")
+    return value
+
+
+def _same_shape(a: np.ndarray, b: np.ndarray, names: str) -> None:
+    if a.shape != b.shape:
+        raise PitcheckError(f"shape mismatch: {names} are {a.shape} and {b.shape}")
+
+
+def _finite(values: dict, what: str) -> dict:
+    bad = [k for k, v in values.items() if isinstance(v, float) and not np.isfinite(v)]
+    if bad:
+        raise PitcheckError(f"{', '.join(bad)} not finite in float64 for this input ({what})")
+    return values
+
+
+def _ratio(num, den) -> float:
+    """num / den for a relative residual; 0/0 is an exactly satisfied condition, x/0 is undefined."""
+    if den > 0:
+        return num / den
+    if num == 0:
+        return 0.0
+    raise PitcheckError("a relative residual's reference is zero (or underflows): the residual is undefined")
+
+
 def orthonormality_loss(Z: np.ndarray) -> float:
     """||Z^T Z - I||_F."""
-    Z = np.asarray(Z, dtype=np.float64)
-    return float(np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])))
+    Z = as_matrix(Z, "Z")
+    return _finite({"orthonormality": float(np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])))},
+                   "entries too large")["orthonormality"]
 
 
 def orthonormality_ratio(Z: np.ndarray, u: float) -> float:
     """LAPACK dqrt01's ratio ||I - Z^T Z||_1 / (V u); about 1 for Householder QR, pass below 30."""
-    Z = np.asarray(Z, dtype=np.float64)
-    return float(np.linalg.norm(np.eye(Z.shape[1]) - Z.T @ Z, 1) / (Z.shape[0] * u))
+    Z, u = as_matrix(Z, "Z"), unit_roundoff(u)
+    ratio = float(np.linalg.norm(np.eye(Z.shape[1]) - Z.T @ Z, 1) / (Z.shape[0] * u))
+    return _finite({"orthonormality_ratio": ratio}, "entries too large")["orthonormality_ratio"]
 
 
 def cholesky_conditioning(L: np.ndarray, u: float) -> dict:
@@ -33,21 +115,29 @@ def cholesky_conditioning(L: np.ndarray, u: float) -> dict:
     Cholesky of T in a precision with unit roundoff u is guaranteed to complete while the margin is
     below 1 (Higham, Accuracy and Stability, Thm 10.7); above it, breakdown is possible.
     """
-    L = np.asarray(L, dtype=np.float64)
-    s = np.linalg.svd(L, compute_uv=False)
+    L, u = as_factor(L), unit_roundoff(u)
+    s = _singular_values(L, "L")
     cond_L = float(s[0] / s[-1]) if s[-1] > 0 else float("inf")
     n = L.shape[0]
-    return {
+    return _finite({
         "cond_L": cond_L,
         "cond_T": cond_L**2,
         "min_diag_L": float(np.min(np.diag(L))),
         "breakdown_margin": 20.0 * n**1.5 * cond_L**2 * u,
-    }
+    }, "L is singular to float64")
+
+
+def _singular_values(A: np.ndarray, name: str) -> np.ndarray:
+    try:
+        return np.linalg.svd(A, compute_uv=False)
+    except np.linalg.LinAlgError as exc:
+        raise PitcheckError(f"the SVD of {name} failed ({exc})") from None
 
 
 def drift_bound(Z: np.ndarray, L: np.ndarray, u: float) -> float:
     """cond(T) (||Z^T Z - I||_F + u): the first-order bound on ||W E - I||_F (inf if T is singular)."""
-    s = np.linalg.svd(np.asarray(L, dtype=np.float64), compute_uv=False)
+    L, u = as_factor(L, strict=False), unit_roundoff(u)
+    s = _singular_values(L, "L")
     bound = (s[0] / s[-1]) ** 2 * (orthonormality_loss(Z) + u) if s[-1] > 0 else np.inf
     return float(bound) if np.isfinite(bound) else float("inf")
 
@@ -81,22 +171,28 @@ def trisolve_errors(Z, L, E_rows, ids, u: float, cond_T: float | None = None) ->
       precision; its ratio divides by u (dtrt02's normalisation; a backward-stable pair of solves
       gives about 1, LAPACK passes below 30).
     """
-    Z = np.asarray(Z, dtype=np.float64)
-    L = np.asarray(L, dtype=np.float64)
-    E_rows = np.asarray(E_rows, dtype=np.float64)
-    ids = np.asarray(ids)
+    Z, L, E_rows, u = as_matrix(Z, "Z"), as_factor(L), as_matrix(E_rows, "E_rows"), unit_roundoff(u)
+    if L.shape[0] != Z.shape[1]:
+        raise PitcheckError(f"shape mismatch: Z {Z.shape} and L {L.shape}")
+    ids = _row_ids(ids, Z.shape[0])
+    _same_shape(E_rows, Z[ids], "E_rows and Z[ids]")
     if cond_T is None:
         cond_T = cholesky_conditioning(L, u)["cond_T"]
-    exact = reference_embedding(Z, L, ids)
-    fwd = np.linalg.norm((E_rows - exact).astype(np.float64), axis=1) / np.linalg.norm(
-        exact.astype(np.float64), axis=1
-    )
-    Lx = L.astype(EXTENDED)
-    resid = Z[ids].astype(EXTENDED) - (E_rows.astype(EXTENDED) @ Lx) @ Lx.T
-    denom = np.linalg.norm(L, 1) * np.linalg.norm(L.T, 1) * np.abs(E_rows).sum(axis=1)
-    bwd = np.abs(resid.astype(np.float64)).sum(axis=1) / denom
+    elif not (np.isfinite(cond_T) and cond_T >= 1):
+        raise PitcheckError(f"cond_T must be a finite condition number >= 1, got {cond_T!r}")
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        exact = reference_embedding(Z, L, ids)
+        fwd_num = np.linalg.norm((E_rows - exact).astype(np.float64), axis=1)
+        fwd_den = np.linalg.norm(exact.astype(np.float64), axis=1)
+        Lx = L.astype(EXTENDED)
+        resid = Z[ids].astype(EXTENDED) - (E_rows.astype(EXTENDED) @ Lx) @ Lx.T
+        denom = np.linalg.norm(L, 1) * np.linalg.norm(L.T, 1) * np.abs(E_rows).sum(axis=1)
+        bwd_num = np.abs(resid.astype(np.float64)).sum(axis=1)
+    fwd = np.array([_ratio(n, d) for n, d in zip(fwd_num, fwd_den)])
+    bwd = np.array([_ratio(n, d) for n, d in zip(bwd_num, denom)])
     forward, backward = float(fwd.max()), float(bwd.max())
-    return {
+    _finite({"trisolve_forward": forward, "trisolve_backward": backward}, "entries too large or too small")
+    return _finite({
         "trisolve_forward": forward,
         "trisolve_forward_ratio": forward / (cond_T * u),
         "trisolve_backward": backward,
@@ -104,12 +200,24 @@ def trisolve_errors(Z, L, E_rows, ids, u: float, cond_T: float | None = None) ->
         # resolved only while the forward-error bound cond(T) u stays small, and while the yardstick is
         # finer than u (long double is no wider than float64 on some platforms, e.g. ARM macOS)
         "trisolve_resolved": bool(cond_T * u <= 0.1 and 2.0**-EXTENDED_BITS <= u / 16),
-    }
+    }, "entries too large or too small")
+
+
+def _row_ids(ids, vocab: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu" or ids.ndim != 1 or ids.size == 0:
+        raise PitcheckError(f"ids must be a non-empty 1-D array of row indices, got {ids.dtype} {ids.shape}")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise PitcheckError(f"ids out of range [0, {vocab}): min {ids.min()}, max {ids.max()}")
+    return ids
 
 
 def pinv_drift(E: np.ndarray, B: np.ndarray) -> float:
     """||W E - I||_F with W = B^T; D x D, O(V D^2)."""
-    return float(np.linalg.norm(B.T @ E - np.eye(E.shape[1])))
+    E, B = as_matrix(E, "E"), as_matrix(B, "B")
+    _same_shape(E, B, "E and B")
+    drift = float(np.linalg.norm(B.T @ E - np.eye(E.shape[1])))
+    return _finite({"pinv_drift": drift}, "entries too large")["pinv_drift"]
 
 
 def penrose_residuals(E: np.ndarray, B: np.ndarray) -> dict:
@@ -119,27 +227,42 @@ def penrose_residuals(E: np.ndarray, B: np.ndarray) -> dict:
     never formed: BA - (BA)^T = P Q^T with P = [B, A^T], Q = [A^T, -B], and with Q = Q1 R1 (thin QR),
     ||P Q^T||_F = ||P R1^T||_F, computed from small entries without cancellation.
     """
+    E, B = as_matrix(E, "E"), as_matrix(B, "B")
+    _same_shape(E, B, "E and B")
     D = E.shape[1]
-    M = E.T @ B  # AB, D x D
-    MmI = M - np.eye(D)
-    r1 = np.linalg.norm(E @ MmI.T) / np.linalg.norm(E)  # ABA - A = (M - I) A
-    r2 = np.linalg.norm(B @ MmI) / np.linalg.norm(B)  # BAB - B = B (M - I)
-    r3 = np.linalg.norm(M - M.T) / np.linalg.norm(M)
-    q = np.concatenate([E, -B], axis=1)
-    _, R1 = np.linalg.qr(q)
-    p = np.concatenate([B, E], axis=1)
-    ba_norm = np.sqrt(abs(np.trace((E.T @ E) @ (B.T @ B))))  # ||B A||_F
-    r4 = np.linalg.norm(p @ R1.T) / ba_norm
-    return {"penrose_1": float(r1), "penrose_2": float(r2), "penrose_3": float(r3), "penrose_4": float(r4)}
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        M = E.T @ B  # AB, D x D
+        MmI = M - np.eye(D)
+        r1 = _ratio(np.linalg.norm(E @ MmI.T), np.linalg.norm(E))  # ABA - A = (M - I) A
+        r2 = _ratio(np.linalg.norm(B @ MmI), np.linalg.norm(B))  # BAB - B = B (M - I)
+        r3 = _ratio(np.linalg.norm(M - M.T), np.linalg.norm(M))
+        q = np.concatenate([E, -B], axis=1)
+        if not np.isfinite(M).all():
+            raise PitcheckError("E^T B overflows float64: entries too large for the Penrose residuals")
+        _, R1 = np.linalg.qr(q)
+        p = np.concatenate([B, E], axis=1)
+        ba_norm = np.sqrt(abs(np.trace((E.T @ E) @ (B.T @ B))))  # ||B A||_F
+        r4 = _ratio(np.linalg.norm(p @ R1.T), ba_norm)
+    return _finite({"penrose_1": float(r1), "penrose_2": float(r2), "penrose_3": float(r3), "penrose_4": float(r4)},
+                   "entries too large or too small")
 
 
 def pinv_error(E: np.ndarray, B: np.ndarray) -> float:
     """||W - pinv(E)||_F / ||pinv(E)||_F with pinv(E) from a thin SVD of E (D x V, never V x V)."""
-    U, s, Vt = np.linalg.svd(E, full_matrices=False)
+    E, B = as_matrix(E, "E"), as_matrix(B, "B")
+    _same_shape(E, B, "E and B")
+    if E.shape[0] < E.shape[1]:
+        raise PitcheckError(f"E must have at least as many rows as columns (V >= D), got shape {E.shape}")
+    try:
+        U, s, Vt = np.linalg.svd(E, full_matrices=False)
+    except np.linalg.LinAlgError as exc:
+        raise PitcheckError(f"the SVD of E failed ({exc})") from None
     if s[-1] <= 0:
-        return float("inf")
-    pinv = (Vt.T / s) @ U.T
-    return float(np.linalg.norm(B.T - pinv) / np.linalg.norm(pinv))
+        raise PitcheckError("E is rank deficient: its pseudo-inverse is not a left inverse, pinv_error is undefined")
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        pinv = (Vt.T / s) @ U.T
+        err = _ratio(np.linalg.norm(B.T - pinv), np.linalg.norm(pinv))
+    return _finite({"pinv_error": float(err)}, "E is too close to rank deficient")["pinv_error"]
 
 
 def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256) -> dict:
@@ -148,13 +271,15 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     u is the unit roundoff errors are reported in; factor_u (default u) that of the precision T would
     be factorised in, which decides the Cholesky breakdown margin.
     """
-    Z = np.asarray(Z, dtype=np.float64)
-    L = np.asarray(L, dtype=np.float64)
-    E = np.asarray(E, dtype=np.float64)
+    Z, L, E = as_matrix(Z, "Z"), as_matrix(L, "L"), as_matrix(E, "E")
     if Z.shape != E.shape or L.shape != (Z.shape[1], Z.shape[1]):
         raise PitcheckError(f"shape mismatch: Z {Z.shape}, L {L.shape}, E {E.shape}")
+    L, u = as_factor(L), unit_roundoff(u)
+    factor_u = u if factor_u is None else unit_roundoff(factor_u, "factor_u")
+    if isinstance(sample_rows, bool) or not isinstance(sample_rows, (int, np.integer)) or sample_rows < 1:
+        raise PitcheckError(f"sample_rows must be a positive integer, got {sample_rows!r}")
     out = {"orthonormality": orthonormality_loss(Z), "orthonormality_ratio": orthonormality_ratio(Z, u)}
-    out.update(cholesky_conditioning(L, u if factor_u is None else factor_u))
+    out.update(cholesky_conditioning(L, factor_u))
     ids = sample_ids(Z.shape[0], sample_rows)
     out.update(trisolve_errors(Z, L, E[ids], ids, u, out["cond_T"]))
     B = Z @ (L @ L.T)  # W^T = Z T
@@ -164,6 +289,7 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
 
 def head_metrics(E: np.ndarray, B: np.ndarray) -> dict:
     """The interface metrics any head has: pinv drift, the four Penrose residuals and pinv error."""
+    E, B = as_matrix(E, "E"), as_matrix(B, "B")
     out = {"pinv_drift": pinv_drift(E, B)}
     pen = penrose_residuals(E, B)
     out["penrose"] = max(pen.values())
@@ -175,3 +301,20 @@ def head_metrics(E: np.ndarray, B: np.ndarray) -> dict:
 def sample_ids(vocab: int, count: int) -> np.ndarray:
     """Evenly spaced rows, first and last included: deterministic, the same at every step."""
     return np.unique(np.linspace(0, vocab - 1, min(count, vocab)).round().astype(np.int64))
+
+
+def measure_guarded(parts, unmeasured: list[str] | tuple = ()) -> dict:
+    """Run each (keys, measure) part; a part whose metric is undefined gives NaN for its keys.
+
+    For runs, which must record what they can of a damaged state rather than stop: the result's
+    'unmeasured' lists why each failed part failed (empty when all were measured).
+    """
+    out, reasons = {}, list(unmeasured)
+    for keys, measure in parts:
+        try:
+            out.update(measure())
+        except PitcheckError as exc:
+            out.update({k: float("nan") for k in keys})
+            reasons.append(str(exc))
+    out["unmeasured"] = reasons
+    return out

@@ -1,7 +1,9 @@
 """Comparisons across retractions and precisions: a grid of runs, a summary table and plots."""
 from __future__ import annotations
 
+import io
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import numpy as np
 from .errors import PitcheckError
 from .policy import get_policy
 from .retractions import get_retraction
-from .trajectory import RunConfig, _write_atomic, read_events, read_metrics, run
+from .rundir import check_out_path, write_atomic
+from .trajectory import METRIC_COLUMNS, RunBreakdown, RunConfig, read_events, read_metrics, run
 
 SUMMARY_COLUMNS = ["precision", "retraction", "orthonormality", "pinv_drift", "penrose", "trisolve_backward_ratio",
                    "shadow_Z", "cond_T", "events"]
@@ -21,9 +24,17 @@ def run_dir_name(precision: str, retraction: str) -> str:
 
 
 def compare(out: Path | str, base: RunConfig, precisions: list[str], retractions: list[str],
-            progress: bool | None = None) -> list[dict]:
-    """Run every precision x retraction (resuming finished or interrupted runs) and summarise them."""
-    out = Path(out)
+            progress: bool | None = None, force: bool = False) -> list[dict]:
+    """Run every precision x retraction (resuming finished or interrupted runs) and summarise them.
+
+    Each cell is a run directory with the guarantees of `run`: a cell holding a different or longer run
+    is refused (unless `force`, which starts every cell over). A cell whose state breaks down keeps its
+    last good values and a 'breakdown_step'; the grid goes on.
+    """
+    out = check_out_path(out)
+    for name, values in (("--precisions", precisions), ("--retractions", retractions)):
+        if not values or any(not v for v in values) or len(set(values)) != len(values):
+            raise PitcheckError(f"{name} must be a comma-separated list of distinct names, got {','.join(values)!r}")
     for p in precisions:
         get_policy(p)
     for r in retractions:
@@ -34,11 +45,18 @@ def compare(out: Path | str, base: RunConfig, precisions: list[str], retractions
             backend = "numpy" if precision == "fp64" else "torch"
             cfg = replace(base, backend=backend, precision=precision, retraction=retraction)
             rdir = out / "runs" / run_dir_name(precision, retraction)
-            rows = run(cfg, rdir, resume=True, progress=progress)
+            broke = None
+            try:
+                rows = run(cfg, rdir, resume=not force, progress=progress, force=force)
+            except RunBreakdown:
+                rows = read_metrics(rdir / "metrics.csv")
+                broke = read_events(rdir / "events.jsonl")[-1]["step"]
             last = rows[-1]
             n_events = len([e for e in read_events(rdir / "events.jsonl") if e["event"] != "threshold_crossed"])
             values = {k: (last[k] if np.isfinite(last[k]) else None) for k in SUMMARY_COLUMNS[2:-1]}
             summary.append({"precision": precision, "retraction": retraction, **values, "events": n_events})
+            if broke is not None:
+                summary[-1]["breakdown_step"] = broke
     write_summary(out, base, summary)
     plot_grid(out, precisions, retractions)
     return summary
@@ -63,8 +81,12 @@ def write_summary(out: Path, base: RunConfig, summary: list[dict]) -> None:
         cells += [f"{row[k]:.2e}" if row[k] is not None else "-" for k in SUMMARY_COLUMNS[2:-1]]
         cells.append(str(row["events"]))
         lines.append("| " + " | ".join(cells) + " |")
-    _write_atomic(out / "report.md", ("\n".join(lines) + "\n").encode())
-    _write_atomic(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+    broken = [r for r in summary if "breakdown_step" in r]
+    if broken:
+        lines += ["", "Broke down (values at the last good step; see the run's events.jsonl): " + ", ".join(
+            f"{r['precision']} {r['retraction']} at step {r['breakdown_step']}" for r in broken) + "."]
+    write_atomic(out / "report.md", ("\n".join(lines) + "\n").encode())
+    write_atomic(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
 
 
 def _pyplot():
@@ -86,10 +108,25 @@ def _draw(ax, rows: list[dict], metric: str, label: str) -> None:
 
 
 def _save_figure(plt, fig, path: Path) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, dpi=110, format="png")
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(path)
+    write_atomic(path, buf.getvalue())
+    return path
+
+
+def check_png_path(path: Path | str) -> Path:
+    """A file we can write: not '', not a directory, in a directory that exists and is writable."""
+    if str(path).strip() == "":
+        raise PitcheckError("--out is empty: name a PNG file")
+    path = Path(path)
+    if path.is_dir():
+        raise PitcheckError(f"--out {path} is a directory; name a PNG file in it")
+    parent = path.parent
+    if not parent.is_dir():
+        raise PitcheckError(f"--out {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PitcheckError(f"--out {path}: directory {parent} is not writable")
     return path
 
 
@@ -126,17 +163,26 @@ def plot_grid(out: Path, precisions: list[str], retractions: list[str]) -> Path:
 
 def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str]) -> Path:
     """Any metrics of any runs against step, one panel per metric, a line per run."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
+    out_png = check_png_path(out_png)
+    unknown = [m for m in metrics if m not in METRIC_COLUMNS[1:]]
+    if not metrics or unknown:
+        raise PitcheckError(f"unknown metric {', '.join(unknown) or '(none given)'}; "
+                            f"choose from {', '.join(METRIC_COLUMNS[1:])}")
+    runs = []
     for d in run_dirs:
         path = Path(d) / "metrics.csv"
-        if not path.exists():
+        if not path.is_file():
             raise PitcheckError(f"{d} is not a run directory (no metrics.csv)")
         rows = read_metrics(path)
+        missing = [m for m in metrics if m not in (rows[0] if rows else {})]
+        if not rows or missing:
+            raise PitcheckError(f"{path} has {'no rows' if not rows else 'no column ' + ', '.join(missing)}")
+        runs.append((Path(d).name, rows))
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
+    for name, rows in runs:
         for ax, metric in zip(axes[0], metrics):
-            if metric not in rows[0]:
-                raise PitcheckError(f"unknown metric {metric!r}; columns are {', '.join(rows[0])}")
-            _draw(ax, rows, metric, Path(d).name)
+            _draw(ax, rows, metric, name)
             ax.set_title(metric)
             ax.set_xlabel("step")
     axes[0][0].legend(fontsize=7)

@@ -1,17 +1,16 @@
 """Long trajectories of a PIT model under adversarial gradients, written to a run directory.
 
-A run directory holds manifest.json (config, versions, policy), metrics.csv (one row per recorded step:
-log-spaced plus the last), events.jsonl (skipped steps, breakdowns, threshold crossings) and
-checkpoint.npz (the state at the last recorded step). Every file is replaced atomically, so an
-interrupted run leaves a consistent directory that `resume=True` continues with identical results.
+A run directory (rundir.py) holds manifest.json (config, versions, policy), metrics.csv (one row per
+recorded step: log-spaced plus the last), events.jsonl (skipped steps, breakdowns, threshold crossings)
+and checkpoint.npz (the state at the last commit). Every recorded step is one commit of all four files,
+so a run killed at any instant leaves a consistent directory that `resume=True` continues with
+identical results; SIGINT and SIGTERM let the step in progress finish and commit it first. Resuming
+checks everything it loads against this run's config and state, and refuses with the reason.
 A torch run also steps a float64 numpy shadow on the same gradient stream and reports its distance.
 """
 from __future__ import annotations
 
-import csv
 import functools
-import io
-import json
 import math
 import os
 import platform
@@ -25,36 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .engine import Engine, StepSettings
+from .engine import Engine, StateBreakdown, StepSettings
 from .errors import PitcheckError
 from .gradients import AdversaryParams, parse_adversary
-from .heads import HEADS, TableEngine
+from .heads import HEADS, PIT_ONLY, TableEngine
 from .metrics import EXTENDED_BITS, drift_bound
 from .policy import get_policy
 from .reference import check_shapes, polar_memory, random_memory, spd_with_condition
+from .rundir import (CHECKPOINT, EVENTS, MANIFEST, METRIC_COLUMNS, METRICS, RunDir, csv_bytes, events_bytes,
+                     manifest_bytes, npz_bytes, read_events, read_metrics)
 
-METRIC_COLUMNS = [
-    "step",
-    "orthonormality",
-    "orthonormality_ratio",
-    "cond_T",
-    "min_diag_L",
-    "breakdown_margin",
-    "trisolve_forward",
-    "trisolve_forward_ratio",
-    "trisolve_backward",
-    "trisolve_backward_ratio",
-    "pinv_drift",
-    "penrose",
-    "penrose_1",
-    "penrose_2",
-    "penrose_3",
-    "penrose_4",
-    "pinv_error",
-    "shadow_Z",
-    "shadow_T",
-    "loss_scale",
-]
+__all__ = ["METRIC_COLUMNS", "THRESHOLDS", "RunBreakdown", "RunConfig", "Trajectory", "read_events",
+           "read_metrics", "recorded_steps", "run"]
+
 # first crossings of these levels are recorded as events
 THRESHOLDS = {
     "orthonormality": (1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1e-1),
@@ -62,6 +44,46 @@ THRESHOLDS = {
     "cond_T": (1e2, 1e4, 1e8, 1e12),
     "breakdown_margin": (1.0,),
 }
+# beyond this T0's smallest eigenvalue is below float64's resolution of its largest (u = 1.1e-16), and
+# its Cholesky factorisation can fail (it does at 1e17)
+MAX_COND = 1e15
+# far past any run, and small enough that the log-spaced grid of recorded steps stays exact
+MAX_STEPS = 10**12
+# how many float64 V x D arrays a run holds at once, at most: master and stored state, optimizer moments,
+# gradients, the embedding, the shadow's copies, the metrics' temporaries and the checkpoint being written
+VD_ARRAYS = 32
+
+
+class RunBreakdown(PitcheckError):
+    """The run's state broke down; the run ended at its last good state, which is committed."""
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux's MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(vocab: int, dim: int, what: str = "a run") -> None:
+    """Refuse a V x D that cannot fit, before anything of that size is allocated."""
+    need = vocab * dim * 8 * VD_ARRAYS
+    have = available_memory()
+    if have is not None and need > have:
+        raise PitcheckError(f"V x D = {vocab} x {dim} is too large: {what} needs about {need / 2**30:.3g} GiB "
+                            f"({VD_ARRAYS} float64 V x D arrays), and {have / 2**30:.3g} GiB of memory is available")
 
 
 @dataclass(frozen=True)
@@ -87,21 +109,44 @@ class RunConfig:
     adversary_params: AdversaryParams = field(default_factory=AdversaryParams)
 
     def validate(self) -> None:
+        """Every value in range and every option meaningful with the others; a one-line reason if not."""
+        for name in ("vocab", "dim", "steps", "seed", "reproject_every", "records_per_decade"):
+            if not _is_int(getattr(self, name)):
+                raise PitcheckError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        for name in ("lr", "cond", "reproject_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise PitcheckError(f"{name} must be a number, got {value!r}")
         check_shapes(self.vocab, self.dim)
         if self.teacher and teacher_shape(self.teacher) != (self.vocab, self.dim):
             raise PitcheckError(f"teacher {self.teacher} is {teacher_shape(self.teacher)}, "
                                 f"not V x D = ({self.vocab}, {self.dim})")
-        if self.steps < 0:
-            raise PitcheckError(f"--steps must be >= 0, got {self.steps}")
-        if not (self.cond >= 1 and math.isfinite(self.cond)):
-            raise PitcheckError(f"--cond must be a finite number >= 1, got {self.cond}")
+        check_memory(self.vocab, self.dim)
+        if not 0 <= self.steps <= MAX_STEPS:
+            raise PitcheckError(f"--steps must be in [0, {MAX_STEPS:.0e}], got {self.steps}")
+        if self.seed < 0:
+            raise PitcheckError(f"--seed must be >= 0, got {self.seed}")
+        if not (math.isfinite(self.cond) and 1 <= self.cond <= MAX_COND):
+            raise PitcheckError(f"--cond must be a number in [1, {MAX_COND:.0e}] (float64 cannot hold a more "
+                                f"ill-conditioned T0), got {self.cond}")
         if self.records_per_decade < 1:
             raise PitcheckError("records_per_decade must be >= 1")
+        if self.backend not in ("numpy", "torch"):
+            raise PitcheckError(f"unknown backend {self.backend!r}; choose numpy or torch")
         names = parse_adversary(self.adversary)
         if self.head not in HEADS:
             raise PitcheckError(f"unknown head {self.head!r}; choose from {', '.join(HEADS)}")
-        if self.head != "pit" and "adaptive" in names:
-            raise PitcheckError("the adaptive adversary probes PIT's drift bound: use it with --head pit")
+        if self.head != "pit":
+            if "adaptive" in names:
+                raise PitcheckError("the adaptive adversary probes PIT's drift bound: use it with --head pit")
+            # the baselines would ignore these: refuse them rather than record a setting that did nothing
+            ignored = [opt for opt, given in (("--retraction", self.retraction != RunConfig.retraction),
+                                              ("--reproject-every", self.reproject_every != 0),
+                                              ("--reproject-threshold", self.reproject_threshold != 0),
+                                              ("--cond", self.cond != 1)) if given]
+            if ignored:
+                raise PitcheckError(f"--head {self.head} has no retraction, re-projection or T: "
+                                    f"{', '.join(ignored)} apply to --head pit only")
         get_policy(self.precision)
         self.settings()
 
@@ -137,23 +182,63 @@ def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
     if config.cond == 1.0:
         L0 = np.eye(config.dim)
     else:
-        L0 = np.linalg.cholesky(spd_with_condition(config.dim, config.cond, rng))
+        try:
+            L0 = np.linalg.cholesky(spd_with_condition(config.dim, config.cond, rng))
+        except np.linalg.LinAlgError:
+            raise PitcheckError(f"--cond {config.cond:g}: T0 is not positive definite in float64; "
+                                "choose a smaller condition number") from None
     return Z0, L0
+
+
+def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a teacher .npy from its header alone: nothing is loaded that cannot fit."""
+    p = Path(path)
+    if not p.is_file():
+        raise PitcheckError(f"cannot read teacher embedding {path}: "
+                            f"{'it is a directory' if p.is_dir() else 'no such file'}")
+    try:
+        with open(p, "rb") as f:
+            if f.read(4) == b"PK\x03\x04":
+                raise PitcheckError(f"teacher embedding {path} is a zip archive (an .npz?), not an .npy file")
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy format version {version}")
+            data_start = f.tell()
+    except (OSError, ValueError, EOFError, SyntaxError) as exc:
+        raise PitcheckError(f"cannot read teacher embedding {path}: not an .npy file ({exc})") from None
+    if dtype.hasobject or dtype.kind != "f":
+        raise PitcheckError(f"teacher embedding {path} must hold a real floating-point array, got dtype {dtype}")
+    if len(shape) != 2:
+        raise PitcheckError(f"teacher embedding {path} must be 2-D (V x D), got shape {shape}")
+    check_shapes(*shape)
+    check_memory(*shape, what=f"teacher {path}")
+    size = p.stat().st_size
+    if size < data_start + math.prod(shape) * dtype.itemsize:
+        raise PitcheckError(f"teacher embedding {path} is truncated: its header says {shape} {dtype}, "
+                            f"the file holds {size - data_start} bytes of data")
+    return tuple(int(n) for n in shape), dtype
 
 
 @functools.lru_cache(maxsize=1)
 def load_teacher(path: str) -> np.ndarray:
+    teacher_header(path)
     try:
         teacher = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise PitcheckError(f"cannot read teacher embedding {path}: {exc}") from None
-    if teacher.ndim != 2 or teacher.dtype.kind not in "fiu":
-        raise PitcheckError(f"teacher embedding must be a 2-D numeric array, got {teacher.dtype} {teacher.shape}")
-    return teacher.astype(np.float64)
+    teacher = teacher.astype(np.float64)
+    if not np.isfinite(teacher).all():
+        raise PitcheckError(f"teacher embedding {path} has non-finite entries")
+    return teacher
 
 
 def teacher_shape(path: str) -> tuple[int, int]:
-    return tuple(load_teacher(path).shape)
+    return teacher_header(path)[0]
 
 
 def versions() -> dict:
@@ -175,42 +260,6 @@ def _sha256(path: str) -> str:
     import hashlib
 
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _save_npz_atomic(path: Path, arrays: dict) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    _write_atomic(path, buf.getvalue())
-
-
-def _csv_bytes(rows: list[dict]) -> bytes:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=METRIC_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (repr(float(r[k])) if k != "step" else int(r[k])) for k in METRIC_COLUMNS})
-    return out.getvalue().encode()
-
-
-def read_metrics(path: Path | str) -> list[dict]:
-    with open(path, newline="") as f:
-        return [{k: (int(v) if k == "step" else float(v)) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def read_events(path: Path | str) -> list[dict]:
-    p = Path(path)
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
 def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
@@ -243,32 +292,73 @@ class Progress:
 
 
 class Trajectory:
-    """A run: build it from a config and an output directory, then call `run()`."""
+    """A run: build it from a config and an output directory, then call `run()`.
 
-    def __init__(self, config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None):
+    Building it locks the directory (until `run()` returns) and, to resume, loads and checks it.
+    """
+
+    def __init__(self, config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
+                 force: bool = False):
+        if resume and force:
+            raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
         config.validate()
-        self.config, self.out = config, Path(out)
-        self.policy = get_policy(config.precision)
-        self.engine = make_engine(config, config.backend, self.policy, config.device)
-        self.shadow = None
-        if config.backend == "torch" and config.shadow:
-            self.shadow = make_engine(config, "numpy", get_policy("fp64"), "cpu")
+        self.config = config
+        self.store = RunDir(out)
+        self.out = self.store.path
         self.progress_enabled = progress
         self.rows: list[dict] = []
         self.events: list[dict] = []
         self.crossed: set[str] = set()
         self.step = 0
         self.resumed_from = None
-        if resume and (self.out / "checkpoint.npz").exists():
-            self._load()
-        else:
-            if not resume and (self.out / "manifest.json").exists():
-                raise PitcheckError(f"{self.out} already holds a run; pass --resume or choose another --out")
-            self.out.mkdir(parents=True, exist_ok=True)
-            Z0, L0 = initial_state(config)
-            self.engine.initialise(Z0, L0)
-            if self.shadow:
-                self.shadow.initialise(Z0, L0)
+        self.broken: dict | None = None  # the breakdown event a resumed run had already ended in
+        self.store.open()
+        try:
+            self._prepare(resume, force)
+        except BaseException:
+            self.store.close()
+            raise
+
+    def _prepare(self, resume: bool, force: bool) -> None:
+        config = self.config
+        self.policy = get_policy(config.precision)
+        self.engine = make_engine(config, config.backend, self.policy, config.device)
+        self.shadow = None
+        if config.backend == "torch" and config.shadow:
+            self.shadow = make_engine(config, "numpy", get_policy("fp64"), "cpu")
+        # the initial state is also the template a checkpoint must match
+        Z0, L0 = initial_state(config)
+        self.engine.initialise(Z0, L0)
+        problem = self.engine.degenerate()
+        if problem:
+            raise PitcheckError(f"the initial state does not fit {config.precision}: {problem}; lower --cond")
+        if self.shadow:
+            self.shadow.initialise(Z0, L0)
+        if force:
+            self.store.clear()
+        elif self.store.has_run():
+            if not resume:
+                raise PitcheckError(f"{self.out} already holds a run; pass --resume to continue it, --force to "
+                                    "replace it, or choose another --out")
+            if self.store.has(CHECKPOINT):
+                self._load()
+            else:
+                self._restart()
+        elif self.store.foreign_files():
+            names = self.store.foreign_files()
+            raise PitcheckError(f"{self.out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                                " and holds no pitcheck run: choose a new or empty directory, or pass --force to "
+                                "write the run beside those files")
+        # built once, before the first commit: it imports torch, which takes seconds
+        self.manifest_data = self.manifest()
+        # columns that are NaN by design: no shadow, no T for the baselines, no second table when tied
+        self.not_applicable = set()
+        if not self.shadow:
+            self.not_applicable |= {"shadow_Z", "shadow_T"}
+        if config.head != "pit":
+            self.not_applicable |= set(PIT_ONLY)
+        if config.head == "tied":
+            self.not_applicable.add("shadow_T")
 
     # ---- persistence -------------------------------------------------------------------------
     def manifest(self) -> dict:
@@ -285,45 +375,120 @@ class Trajectory:
             "teacher_sha256": _sha256(self.config.teacher) if self.config.teacher else None,
         }
 
-    def _load(self) -> None:
-        manifest = json.loads((self.out / "manifest.json").read_text())
-        old = RunConfig.from_json(manifest["config"])
-        mine = self.config.to_json()
-        theirs = old.to_json()
-        differ = [k for k in mine if k not in ("steps", "device") and mine[k] != theirs[k]]
-        if differ:
-            raise PitcheckError(f"cannot resume {self.out}: config differs in {', '.join(differ)}")
-        with np.load(self.out / "checkpoint.npz") as ck:
-            ck = {k: ck[k] for k in ck.files}
-        self.step = int(ck["step"])
-        self.engine.load_state_dict({k[7:]: v for k, v in ck.items() if k.startswith("engine_")})
-        if self.shadow:
-            self.shadow.load_state_dict({k[7:]: v for k, v in ck.items() if k.startswith("shadow_")})
-        self.rows = [r for r in read_metrics(self.out / "metrics.csv") if r["step"] <= self.step]
-        self.events = [e for e in read_events(self.out / "events.jsonl") if e["step"] <= self.step]
-        self.crossed = {
-            f"{e['metric']}>{lv:g}"
-            for e in self.events
-            if e["event"] == "threshold_crossed"
-            for lv in THRESHOLDS[e["metric"]]
-            if lv <= e["level"]
-        }
-        if any(e["event"] == "precision_cannot_resolve" for e in self.events):
-            self.crossed.add("unresolved")
-        self.resumed_from = self.step
-
-    def _save(self) -> None:
+    def _checkpoint_arrays(self) -> dict:
         Z, L = self.engine.stored()
         arrays = {"step": np.int64(self.step), "Z": Z, "L": L}
         arrays.update({f"engine_{k}": v for k, v in self.engine.state_dict().items()})
         if self.shadow:
             arrays.update({f"shadow_{k}": v for k, v in self.shadow.state_dict().items()})
-        # checkpoint first: a crash between the writes leaves rows no later than the checkpoint
-        _save_npz_atomic(self.out / "checkpoint.npz", arrays)
-        _write_atomic(self.out / "metrics.csv", _csv_bytes(self.rows))
-        events = "".join(json.dumps(e, sort_keys=True) + "\n" for e in self.events)
-        _write_atomic(self.out / "events.jsonl", events.encode())
-        _write_atomic(self.out / "manifest.json", (json.dumps(self.manifest(), indent=2) + "\n").encode())
+        return arrays
+
+    def _commit(self) -> None:
+        """One commit of the whole directory at the current step."""
+        self.store.commit(self.step, {
+            CHECKPOINT: npz_bytes(self._checkpoint_arrays()),
+            METRICS: csv_bytes(self.rows),
+            EVENTS: events_bytes(self.events),
+            MANIFEST: manifest_bytes(self.manifest_data),
+        })
+
+    def _config_differences(self, manifest: dict, ignore: tuple[str, ...]) -> list[str]:
+        mine, theirs = self.config.to_json(), manifest["config"]
+        unknown = sorted(set(theirs) - set(mine))
+        if unknown:
+            raise PitcheckError(f"{self.out}/{MANIFEST} has config keys this pitcheck does not know "
+                                f"({', '.join(unknown)}): written by another version? pass --force to start over")
+        return [k for k in mine if k not in ignore and mine[k] != theirs.get(k)]
+
+    def _restart(self) -> None:
+        """A run directory without a checkpoint (results/ keep none): only the very same run may redo it."""
+        differ = self._config_differences(self.store.read_manifest(), ("device",))
+        if differ:
+            raise PitcheckError(f"cannot resume {self.out}: it holds no checkpoint, and its run differs in "
+                                f"{', '.join(differ)}; pass --force to replace it or choose another --out")
+        self.store.clear()
+
+    def _refuse(self, why: str) -> PitcheckError:
+        return PitcheckError(f"cannot resume {self.out}: {why}; pass --force to start over")
+
+    def _load(self) -> None:
+        """Load the checkpoint, rows and events, checking each against this run; refuse on any mismatch."""
+        cfg = self.config
+        manifest = self.store.read_manifest()
+        differ = self._config_differences(manifest, ("steps", "device"))
+        if differ:
+            raise PitcheckError(f"cannot resume {self.out}: config differs in {', '.join(differ)}")
+        written_steps = manifest["config"].get("steps")
+        if not _is_int(written_steps) or written_steps < 0:
+            raise self._refuse(f"{MANIFEST}'s steps is {written_steps!r}")
+        ck = self.store.read_checkpoint()
+        template = self._checkpoint_arrays()
+        if set(ck) != set(template):
+            missing, extra = sorted(set(template) - set(ck)), sorted(set(ck) - set(template))
+            raise self._refuse(f"{CHECKPOINT} does not hold this run's state (missing {missing or 'nothing'}, "
+                               f"unexpected {extra or 'nothing'})")
+        for k, want in template.items():
+            want, got = np.asarray(want), ck[k]
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise self._refuse(f"{CHECKPOINT}'s {k} is {got.dtype} {got.shape}, this run's is "
+                                   f"{want.dtype} {want.shape}")
+            if got.dtype.kind == "f" and not np.isfinite(got).all():
+                raise self._refuse(f"{CHECKPOINT}'s {k} has non-finite entries")
+        step = int(ck["step"])
+        if step < 0:
+            raise self._refuse(f"{CHECKPOINT}'s step is {step}")
+        if step > cfg.steps:
+            raise PitcheckError(f"cannot resume {self.out} with --steps {cfg.steps}: it holds a run at step {step}; "
+                                f"give --steps >= {step}, choose another --out, or pass --force to start over")
+        self.engine.load_state_dict({k[7:]: v for k, v in ck.items() if k.startswith("engine_")})
+        if self.shadow:
+            self.shadow.load_state_dict({k[7:]: v for k, v in ck.items() if k.startswith("shadow_")})
+        self.step = step
+        # the loaded state re-exports exactly what was saved, unless values lie outside the policy's formats
+        # or the stored Z and L do not follow from the master state
+        again = self._checkpoint_arrays()
+        changed = [k for k in template if not np.array_equal(again[k], ck[k])]
+        if changed:
+            raise self._refuse(f"{CHECKPOINT}'s {', '.join(changed)} do not match the state they restore "
+                               f"(values not representable in {cfg.precision}, or edited)")
+        problem = self.engine.degenerate()
+        if problem:
+            raise self._refuse(f"{CHECKPOINT} holds a state that cannot compute: {problem}")
+        rows = self.store.read_metrics(METRIC_COLUMNS)
+        if not rows or rows[0]["step"] != 0:
+            raise self._refuse(f"{METRICS} has no row for step 0 (emptied or truncated)")
+        if rows[-1]["step"] > step:
+            raise self._refuse(f"{METRICS} has rows after step {step}, the checkpoint's: it mixes two states")
+        # a commit record vouches that rows and checkpoint were written together; without one (a directory
+        # of an older pitcheck) a checkpoint at a recorded step must have its row
+        if (self.store.record is None and step in recorded_steps(written_steps, cfg.records_per_decade)
+                and rows[-1]["step"] != step):
+            raise self._refuse(f"{METRICS} ends at step {rows[-1]['step']}, before the checkpoint's step {step}: "
+                               "rows were lost")
+        events = self.store.read_events()
+        for n, e in enumerate(events):
+            ends_run = e["event"] == "breakdown" and e["step"] == step + 1 and n == len(events) - 1
+            if e["step"] > step and not ends_run:
+                raise self._refuse(f"{EVENTS} has an event at step {e['step']}, after the checkpoint's {step}")
+            if e["event"] == "threshold_crossed" and not (
+                    e.get("metric") in THRESHOLDS and isinstance(e.get("level"), (int, float))):
+                raise self._refuse(f"{EVENTS} has a threshold event for {e.get('metric')!r} at level "
+                                   f"{e.get('level')!r}")
+            if e["event"] == "nonfinite_metric" and not isinstance(e.get("metrics"), list):
+                raise self._refuse(f"{EVENTS} has a nonfinite_metric event without its metrics")
+            if e["event"] == "breakdown" and not isinstance(e.get("reason"), str):
+                raise self._refuse(f"{EVENTS} has a breakdown event without its reason")
+            if ends_run:
+                self.broken = e
+        self.rows, self.events = rows, events
+        for e in events:
+            if e["event"] == "threshold_crossed":
+                self.crossed.update(f"{e['metric']}>{lv:g}" for lv in THRESHOLDS[e["metric"]] if lv <= e["level"])
+            elif e["event"] == "nonfinite_metric":
+                self.crossed.update(f"{m}:nonfinite" for m in e["metrics"])
+            elif e["event"] == "precision_cannot_resolve":
+                self.crossed.add("unresolved")
+        self.resumed_from = self.step
 
     # ---- recording ---------------------------------------------------------------------------
     def _event(self, step: int, event: dict) -> None:
@@ -335,7 +500,7 @@ class Trajectory:
         row["loss_scale"] = self.engine.loss_scale
         return row
 
-    def _record(self) -> None:
+    def _measure_row(self) -> None:
         row = self.measure()
         self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
         for metric, levels in THRESHOLDS.items():
@@ -350,38 +515,92 @@ class Trajectory:
             self.crossed.add("unresolved")
             self._event(self.step, {"event": "precision_cannot_resolve", "metric": "trisolve_forward",
                                     "bound": row["cond_T"] * self.policy.u})
-        self._save()
+        # a metric that could not be measured is written as NaN, and said so the first time
+        lost = [k for k in METRIC_COLUMNS[1:] if k not in self.not_applicable and not np.isfinite(row[k])
+                and f"{k}:nonfinite" not in self.crossed]
+        if lost:
+            self.crossed.update(f"{k}:nonfinite" for k in lost)
+            reason = "; ".join(row.get("unmeasured", [])) or "not finite"
+            self._event(self.step, {"event": "nonfinite_metric", "metrics": lost, "reason": reason})
+
+    def _record(self) -> None:
+        self._measure_row()
+        self._commit()
 
     def _probe(self, GZ, GL) -> float:
         """Trial step for the adaptive adversary: the drift bound after it, state left untouched."""
         saved = self.engine.state_dict()
-        self.engine.step({"Z": GZ, "L": np.tril(GL)}, self.step)
-        bound = drift_bound(*self.engine.stored(), self.policy.u)
+        try:
+            self.engine.step({"Z": GZ, "L": np.tril(GL)}, self.step)
+            bound = drift_bound(*self.engine.stored(), self.policy.u)
+        except (StateBreakdown, PitcheckError):
+            bound = float("inf")  # a step that would break the model is as bad as a step gets
         self.engine.load_state_dict(saved)
         return bound
 
+    def _step(self, grads: dict) -> None:
+        """One step of the model and, unless the model skipped it, of its shadow: both or neither."""
+        before = self.engine.snapshot()
+        shadow_before = self.shadow.snapshot() if self.shadow else None
+        try:
+            events = self.engine.step(grads, self.step)
+            skipped = any("step skipped" in str(e.get("action", "")) for e in events)
+            # the shadow follows what the model did, so a step the model skipped the shadow skips too
+            if self.shadow and not skipped:
+                try:
+                    self.shadow.step(grads, self.step)
+                except StateBreakdown as exc:
+                    raise StateBreakdown(f"the float64 shadow: {exc}") from None
+        except StateBreakdown:
+            self.engine.restore(before)
+            if self.shadow:
+                self.shadow.restore(shadow_before)
+            raise
+        for e in events:
+            self._event(self.step + 1, e)
+
+    def _breakdown_error(self, event: dict) -> RunBreakdown:
+        return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
+                            f"state (step {event['step'] - 1}) is checkpointed, and the run cannot go past it")
+
+    def _end_in_breakdown(self, reason: str) -> RunBreakdown:
+        """Commit the last good state, its row and the breakdown event together."""
+        if not self.rows or self.rows[-1]["step"] != self.step:
+            self._measure_row()
+        self._event(self.step + 1, {"event": "breakdown", "reason": reason, "action": "run ended"})
+        self._commit()
+        return self._breakdown_error(self.events[-1])
+
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
-        if self.engine.backend == "torch" and self.engine.device == "cpu":
-            # torch's and OpenBLAS's thread pools spin against each other on shared cores (measured 3x
-            # slower on 2 cores with the numpy shadow), so torch gets one thread for the run
-            import torch
+        try:
+            if self.engine.backend == "torch" and self.engine.device == "cpu":
+                # torch's and OpenBLAS's thread pools spin against each other on shared cores (measured 3x
+                # slower on 2 cores with the numpy shadow), so torch gets one thread for the run
+                import torch
 
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                return self._run()
-            finally:
-                torch.set_num_threads(threads)
-        return self._run()
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    return self._run()
+                finally:
+                    torch.set_num_threads(threads)
+            return self._run()
+        finally:
+            self.store.close()
 
     def _run(self) -> list[dict]:
         cfg = self.config
-        # Ctrl-C is taken between steps, never inside one: a half-applied step (optimizer state moved,
-        # Z not yet stored, shadow behind) or a half-written run directory would be inconsistent
-        interrupted: list[int] = []
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)) if in_main else None
+        if self.broken:
+            raise self._breakdown_error(self.broken)
+        # SIGINT and SIGTERM are taken between steps, never inside one: a half-applied step (optimizer
+        # state moved, Z not yet stored, shadow behind) would be inconsistent. A commit would survive
+        # them (a cut commit leaves the previous one), but a deferred signal also saves the steps since.
+        stop: list[int] = []
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda signum, _: stop.append(signum))
         marks = [s for s in recorded_steps(cfg.steps, cfg.records_per_decade) if s > self.step]
         progress = Progress(cfg.steps, f"{cfg.backend}/{cfg.precision}/{cfg.retraction}", self.progress_enabled)
         names = parse_adversary(cfg.adversary)
@@ -390,32 +609,37 @@ class Trajectory:
             if self.step == 0 and not self.rows:
                 self._record()
             while self.step < cfg.steps:
-                if interrupted:
+                if stop:
                     raise KeyboardInterrupt
                 grads = self.engine.gradients(names, cfg.seed, self.step, cfg.adversary_params, probe)
-                for e in self.engine.step(grads, self.step):
-                    self._event(self.step + 1, e)
-                if self.shadow:
-                    self.shadow.step(grads, self.step)
+                try:
+                    self._step(grads)
+                except StateBreakdown as exc:
+                    raise self._end_in_breakdown(str(exc)) from None
                 self.step += 1
                 if marks and self.step == marks[0]:
                     marks.pop(0)
                     self._record()
                 progress.update(self.step)
+            if not self.rows or self.rows[-1]["step"] != self.step:
+                self._record()
         except KeyboardInterrupt:
             # keep the work done: checkpoint this step (metrics rows stay those of the recorded steps)
-            self._save()
+            self._commit()
             raise PitcheckError(f"interrupted at step {self.step} of {self.out}, checkpoint saved; the same "
                                 "command with --resume continues it (pitcheck compare resumes by itself)") from None
         finally:
-            if in_main:
-                signal.signal(signal.SIGINT, previous)
-        if not self.rows or self.rows[-1]["step"] != self.step:
-            self._record()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         progress.update(cfg.steps)
         return self.rows
 
 
-def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None) -> list[dict]:
-    """Run (or resume) a trajectory; returns the metric rows, also written to out/metrics.csv."""
-    return Trajectory(config, out, resume=resume, progress=progress).run()
+def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
+        force: bool = False) -> list[dict]:
+    """Run (or resume) a trajectory; returns the metric rows, also written to out/metrics.csv.
+
+    Raises PitcheckError for bad input or a directory it must not touch, and RunBreakdown (a
+    PitcheckError) when the state breaks down; either way the directory holds its last commit, whole.
+    """
+    return Trajectory(config, out, resume=resume, progress=progress, force=force).run()

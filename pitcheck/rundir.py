@@ -1,0 +1,396 @@
+"""The run directory as a small store: one commit point per recorded step, an exclusive lock, strict reads.
+
+A run directory holds manifest.json, metrics.csv, events.jsonl and checkpoint.npz, plus two files of the
+store itself: commit.json, the commit record (the step and each file's SHA-256), and .lock.
+
+A commit first writes every new file as NAME.staged and fsyncs it, then atomically replaces commit.json:
+that rename is the commit point. Only then are the staged files renamed over the old ones. Opening the
+directory finishes a commit that was cut off after its commit point (a staged file whose hash the record
+names is renamed into place) and deletes the staged files of one cut off before it. So a kill at any
+instant leaves the previous commit or the new one, whole, and every file is checked against the record.
+
+The lock is an flock on .lock, held while the directory is open; the file names its holder (pid, host)
+so that a second writer is told who has it. The readers here validate the files' formats and say what is
+wrong in one line; what the values must be (config, state shapes) is the trajectory's business.
+"""
+from __future__ import annotations
+
+import csv
+import errno
+import fcntl
+import hashlib
+import io
+import json
+import os
+import shutil
+import socket
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PitcheckError
+
+MANIFEST, METRICS, EVENTS, CHECKPOINT = "manifest.json", "metrics.csv", "events.jsonl", "checkpoint.npz"
+RUN_FILES = (MANIFEST, METRICS, EVENTS, CHECKPOINT)
+COMMIT, LOCK, STAGED = "commit.json", ".lock", ".staged"
+# the store's own files, which do not make a directory "hold" anything
+STORE_FILES = (COMMIT, LOCK, COMMIT + ".tmp")
+
+METRIC_COLUMNS = [
+    "step",
+    "orthonormality",
+    "orthonormality_ratio",
+    "cond_T",
+    "min_diag_L",
+    "breakdown_margin",
+    "trisolve_forward",
+    "trisolve_forward_ratio",
+    "trisolve_backward",
+    "trisolve_backward_ratio",
+    "pinv_drift",
+    "penrose",
+    "penrose_1",
+    "penrose_2",
+    "penrose_3",
+    "penrose_4",
+    "pinv_error",
+    "shadow_Z",
+    "shadow_T",
+    "loss_scale",
+]
+# beyond the new files, room the file system needs for directory entries and rounding to blocks
+FREE_SPACE_MARGIN = 1 << 20
+
+
+def _oserror(action: str, path: Path, exc: OSError) -> PitcheckError:
+    return PitcheckError(f"cannot {action} {path}: {exc.strerror or exc}")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def write_atomic(path: Path | str, data: bytes) -> None:
+    """Replace one file atomically (write PATH.tmp, fsync, rename); on failure no .tmp is left behind."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        _write_durable(tmp, data)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise _oserror("write", path, exc) from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_out_path(path: Path | str, option: str = "--out") -> Path:
+    """A directory we may create or write in: not '', not a file, with a writable nearest ancestor."""
+    if str(path).strip() == "":
+        raise PitcheckError(f"{option} is empty: name a directory")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PitcheckError(f"{option} {path} is a file, not a directory")
+    ancestor = path
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise PitcheckError(f"{option} {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PitcheckError(f"{option} {path}: {ancestor} is not writable")
+    return path
+
+
+class RunDir:
+    """One run directory, opened for writing: locked, recovered to its last commit, checked against it."""
+
+    def __init__(self, path: Path | str):
+        self.path = check_out_path(path)
+        self.record: dict | None = None
+        self._lock_fd: int | None = None
+
+    # ---- opening and closing ----------------------------------------------------------------
+    def open(self) -> "RunDir":
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _oserror("create", self.path, exc) from None
+        self._lock()
+        try:
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> "RunDir":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _lock(self) -> None:
+        lock = self.path / LOCK
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _oserror("write in", self.path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise _oserror("lock", lock, exc) from None
+            holder = lock.read_text(errors="replace").strip() or "a process that has not yet written its pid"
+            raise PitcheckError(f"{self.path} is in use by another pitcheck ({holder}); wait for it to finish "
+                                "or choose another --out") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
+        except OSError as exc:
+            os.close(fd)
+            raise _oserror("write in", self.path, exc) from None
+        self._lock_fd = fd
+
+    def _recover(self) -> None:
+        """Finish or discard a cut-off commit, then check every file against the record."""
+        record = self._read_record()
+        try:
+            for staged in sorted(self.path.glob("*" + STAGED)):
+                name = staged.name[: -len(STAGED)]
+                if record and record["files"].get(name) == sha256(staged.read_bytes()):
+                    os.replace(staged, self.path / name)  # committed, not yet in place: roll forward
+                else:
+                    staged.unlink()  # never committed: roll back
+            _unlink_quietly(self.path / (COMMIT + ".tmp"))
+            _fsync_dir(self.path)
+        except OSError as exc:
+            raise _oserror("recover", self.path, exc) from None
+        if record:
+            for name, digest in record["files"].items():
+                path = self.path / name
+                if not path.is_file() or sha256(path.read_bytes()) != digest:
+                    what = "is missing" if not path.is_file() else "does not match the last commit"
+                    raise PitcheckError(f"{path} {what} (step {record['step']}): it was changed or damaged "
+                                        "after pitcheck wrote it; restore it, or pass --force to start over")
+        self.record = record
+
+    def _read_record(self) -> dict | None:
+        path = self.path / COMMIT
+        if not path.exists():
+            return None
+        try:
+            record = json.loads(path.read_text())
+            ok = (isinstance(record, dict) and isinstance(record.get("step"), int)
+                  and isinstance(record.get("files"), dict)
+                  and all(isinstance(k, str) and isinstance(v, str) for k, v in record["files"].items())
+                  and set(record["files"]) <= set(RUN_FILES))
+        except (OSError, UnicodeDecodeError, ValueError):
+            ok = False
+        if not ok:
+            raise PitcheckError(f"{path} is not a commit record pitcheck wrote; pass --force to start over")
+        return record
+
+    # ---- what the directory holds -----------------------------------------------------------
+    def has(self, name: str) -> bool:
+        return (self.path / name).is_file()
+
+    def has_run(self) -> bool:
+        """True when a commit or any run file is here (a run of this or an older pitcheck)."""
+        return self.record is not None or any(self.has(n) for n in RUN_FILES)
+
+    def foreign_files(self) -> list[str]:
+        """Entries that are neither run files nor the store's own."""
+        return sorted(p.name for p in self.path.iterdir() if p.name not in RUN_FILES + STORE_FILES)
+
+    def clear(self) -> None:
+        """Delete the run (the commit record first: from then on nothing here counts as committed)."""
+        try:
+            for name in (COMMIT,) + RUN_FILES:
+                _unlink_quietly(self.path / name)
+            _fsync_dir(self.path)
+        except OSError as exc:
+            raise _oserror("clear", self.path, exc) from None
+        self.record = None
+
+    # ---- committing -------------------------------------------------------------------------
+    def commit(self, step: int, files: dict[str, bytes]) -> None:
+        """Replace the run files with these, all or none."""
+        need = sum(len(d) for d in files.values()) + FREE_SPACE_MARGIN
+        try:
+            free = shutil.disk_usage(self.path).free
+        except OSError as exc:
+            raise _oserror("stat", self.path, exc) from None
+        if free < need:
+            raise PitcheckError(f"not enough free space in {self.path}: the commit of step {step} needs "
+                                f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB is free")
+        record = {"step": int(step), "files": {name: sha256(data) for name, data in files.items()}}
+        staged = [self.path / (name + STAGED) for name in files]
+        try:
+            for path, data in zip(staged, files.values()):
+                _write_durable(path, data)
+            write_atomic(self.path / COMMIT, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+        except BaseException as exc:
+            # before the commit point: this commit never happened
+            for path in staged:
+                _unlink_quietly(path)
+            if isinstance(exc, OSError):
+                raise _oserror("write", self.path, exc) from None
+            raise
+        # after it: put the files in place; a cut here is finished by the next open
+        try:
+            for path, name in zip(staged, files):
+                os.replace(path, self.path / name)
+            _fsync_dir(self.path)
+        except OSError as exc:
+            raise _oserror("write", self.path, exc) from None
+        self.record = record
+
+    # ---- reading ----------------------------------------------------------------------------
+    def read_manifest(self) -> dict:
+        return read_manifest(self.path / MANIFEST)
+
+    def read_checkpoint(self) -> dict:
+        return read_checkpoint(self.path / CHECKPOINT)
+
+    def read_metrics(self, columns: list[str] | None = None) -> list[dict]:
+        return read_metrics(self.path / METRICS, columns)
+
+    def read_events(self) -> list[dict]:
+        return read_events(self.path / EVENTS)
+
+
+# ---- the file formats ---------------------------------------------------------------------------
+def npz_bytes(arrays: dict) -> bytes:
+    """An .npz as np.savez writes it, but with fixed member timestamps: the same state, the same bytes."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, value in arrays.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+            zf.writestr(zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0)), member.getvalue())
+    return buf.getvalue()
+
+
+def read_checkpoint(path: Path | str) -> dict:
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as ck:
+            if not isinstance(ck, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            return {k: ck[k] for k in ck.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, AttributeError) as exc:
+        raise PitcheckError(f"{path} is not a readable checkpoint ({exc})") from None
+
+
+def csv_bytes(rows: list[dict]) -> bytes:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=METRIC_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (repr(float(r[k])) if k != "step" else int(r[k])) for k in METRIC_COLUMNS})
+    return out.getvalue().encode()
+
+
+def read_metrics(path: Path | str, columns: list[str] | None = None) -> list[dict]:
+    """Rows of a metrics.csv: a 'step' column of increasing integers, every other cell a float.
+
+    With `columns`, the header must be exactly those.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PitcheckError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not reader.fieldnames or reader.fieldnames[0] != "step" or len(set(reader.fieldnames)) != len(
+            reader.fieldnames):
+        raise PitcheckError(f"{path} is not a metrics file: its header does not start with 'step'")
+    if columns is not None and reader.fieldnames != columns:
+        raise PitcheckError(f"{path} does not have pitcheck's metric columns (header {','.join(reader.fieldnames)})")
+    rows, last, line = [], -1, 1
+    try:
+        for line, raw in enumerate(reader, start=2):
+            if None in raw or None in raw.values():
+                raise ValueError("wrong number of cells")
+            row = {k: (int(v) if k == "step" else float(v)) for k, v in raw.items()}
+            if row["step"] <= last:
+                raise ValueError(f"step {row['step']} does not follow step {last}")
+            last = row["step"]
+            rows.append(row)
+    except (ValueError, csv.Error) as exc:
+        raise PitcheckError(f"{path} line {line}: {exc}") from None
+    return rows
+
+
+def events_bytes(events: list[dict]) -> bytes:
+    return "".join(json.dumps(e, sort_keys=True) + "\n" for e in events).encode()
+
+
+def read_events(path: Path | str) -> list[dict]:
+    """Events of an events.jsonl (none if there is no file): JSON objects with a step and an event name."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PitcheckError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    events = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError as exc:
+            raise PitcheckError(f"{path} line {n} is not JSON ({exc})") from None
+        if not (isinstance(e, dict) and type(e.get("step")) is int and e["step"] >= 0
+                and isinstance(e.get("event"), str)):
+            raise PitcheckError(f"{path} line {n} is not an event (an object with a step and an event name)")
+        events.append(e)
+    return events
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=2) + "\n").encode()
+
+
+def read_manifest(path: Path | str) -> dict:
+    path = Path(path)
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PitcheckError(f"{path} is not a readable manifest ({getattr(exc, 'strerror', None) or exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        raise PitcheckError(f"{path} is not a pitcheck manifest: it has no config")
+    return manifest
