@@ -321,7 +321,8 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
     steps = sorted(fd)
     # Richardson: removes the O(t^2) term of central differences
     fd_value = (4 * fd[steps[0]] - fd[steps[1]]) / 3
-    out.facts.update({"autograd": ad, "finite_difference": fd_value, "fd_plain": fd[steps[1]], "fd_step": steps[1]})
+    out.facts.update({"autograd": ad, "finite_difference": fd_value, "fd_at_step": fd[steps[1]],
+                      "fd_at_half_step": fd[steps[0]], "fd_step": steps[1]})
     out.facts["loss_scale"] = float(abs(loss_of(work)()))
     if fd_harness is not None:
         # the target in the dtype under test, at the same state, against the widest build's autograd
