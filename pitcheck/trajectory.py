@@ -146,7 +146,7 @@ class RunConfig:
                                               ("--cond", self.cond != 1)) if given]
             if ignored:
                 raise PitcheckError(f"--head {self.head} has no retraction, re-projection or T: "
-                                    f"{', '.join(ignored)} apply to --head pit only")
+                                    f"{', '.join(ignored)} only make sense with --head pit")
         get_policy(self.precision)
         self.settings()
 
@@ -193,13 +193,13 @@ def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
 def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a teacher .npy from its header alone: nothing is loaded that cannot fit."""
     p = Path(path)
+    zipped = False
     if not p.is_file():
         raise PitcheckError(f"cannot read teacher embedding {path}: "
                             f"{'it is a directory' if p.is_dir() else 'no such file'}")
     try:
         with open(p, "rb") as f:
-            if f.read(4) == b"PK\x03\x04":
-                raise PitcheckError(f"teacher embedding {path} is a zip archive (an .npz?), not an .npy file")
+            zipped = f.read(4) == b"PK\x03\x04"
             f.seek(0)
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
@@ -210,7 +210,8 @@ def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
                 raise ValueError(f"unsupported .npy format version {version}")
             data_start = f.tell()
     except (OSError, ValueError, EOFError, SyntaxError) as exc:
-        raise PitcheckError(f"cannot read teacher embedding {path}: not an .npy file ({exc})") from None
+        what = "it is a zip archive (an .npz?), not an .npy file" if zipped else f"not an .npy file ({exc})"
+        raise PitcheckError(f"cannot read teacher embedding {path}: {what}") from None
     if dtype.hasobject or dtype.kind != "f":
         raise PitcheckError(f"teacher embedding {path} must hold a real floating-point array, got dtype {dtype}")
     if len(shape) != 2:
