@@ -70,14 +70,22 @@ def test_float32_solves_under_a_float64_request_fail_the_contract():
     assert result.failed() == ["contract"] and "float32" in result.by_name()["contract"].reason
 
 
+# bfloat16 resolves judgements only at cond(T) <= 1.44 (TAU unit(cond) <= 0.1), so some bugs show through
+# a different check or not at all: broken_stale_cache's stale window is below bf16's threshold along the
+# trajectory but not at the generic state (penrose); at cond 1.44, L^T L and L L^T differ by less than
+# bf16 resolves (broken_transposed); a pinv head's cutoff needs cond(T) > 1 / (V eps), beyond bf16's
+# ladder; and bfloat16 storage is what a bfloat16 request asks for.
+BROKEN_BF16 = {**{k: v[0] for k, v in BROKEN.items()}, "broken_stale_cache": "penrose"}
+for _meaningless in ("broken_transposed", "broken_pinv_head", "broken_bf16_storage"):
+    del BROKEN_BF16[_meaningless]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(set(BROKEN) - {"broken_pinv_head", "broken_bf16_storage"}))
+@pytest.mark.parametrize("name", sorted(BROKEN_BF16))
 def test_broken_implementation_fails_its_check_in_bfloat16(name):
-    # pinv's cutoff and bf16 storage are not bugs in bfloat16: there is no conditioning ladder to climb
-    # (bf16 resolves cond(T) <= 1.4) and bf16 storage is what was asked for
-    check, sizes = BROKEN[name]
-    result = run_zoo(name, "bfloat16", checks=[check], **sizes)
-    assert check in result.failed(), result.table()
+    check = BROKEN_BF16[name]
+    result = run_zoo(name, "bfloat16", checks=[check])
+    assert result.failed() == [check], result.table()
 
 
 @pytest.mark.slow

@@ -132,20 +132,20 @@ class Harness:
     def drive_spectrum(self, cond: float, max_steps: int = DRIVE_MAX_STEPS) -> float:
         """Push the eigenvalues of T toward a geometric spectrum of condition `cond` through the module's
         own T-side parameters (Adam on the squared log-eigenvalue error, post_step after each step).
-        T's eigenvalues are the singular values of the head W = T Z^T. Returns cond(T) reached."""
+        T's eigenvalues are read off the embedding, E^T E = T^{-1} Z^T Z T^{-1} = T^{-2}: through the solves,
+        so a head that is not the embedding's inverse cannot stall the drive. Returns cond(T) reached."""
         torch = self.torch
         params = self.t_side_parameters()
-        eye = torch.eye(self.dim, dtype=self.dtype, device=self.device)
+        ids = torch.arange(self.vocab, device=self.device)
         half = 0.5 * math.log(cond)
         target = torch.linspace(-half, half, self.dim, dtype=torch.float64, device=self.device)
-        reached = self.head_condition()
         if not params or cond <= 1.0:
-            return reached
+            return self.condition()
         opt = torch.optim.Adam(params, lr=DRIVE_LR)
         for _ in range(max_steps):
-            W = self.logits(eye).to(torch.float64)
-            ev = torch.linalg.eigvalsh(W @ W.T).clamp_min(1e-300)
-            log_t = 0.5 * torch.log(ev)
+            E = self.embed(ids).to(torch.float64)
+            ev = torch.linalg.eigvalsh(E.T @ E).clamp_min(1e-300)
+            log_t = -0.5 * torch.log(ev).flip(0)  # ascending eigenvalues of T
             reached = float(torch.exp(log_t[-1] - log_t[0]).detach())
             if not math.isfinite(reached) or abs(math.log(reached / cond)) < 0.05 * max(math.log(cond), 1.0):
                 break
@@ -154,12 +154,13 @@ class Harness:
             loss.backward()
             opt.step()
             self.post_step()
-        return self.head_condition()
+        return self.condition()
 
-    def head_condition(self) -> float:
+    def condition(self) -> float:
+        """cond(T) as the embedding shows it: cond_2(E) (= cond(T) for an orthonormal memory)."""
         with self.torch.no_grad():
-            W = self.logits(self.torch.eye(self.dim, dtype=self.dtype, device=self.device))
-        s = np.linalg.svd(to_numpy(W), compute_uv=False)
+            E = self.embed(self.torch.arange(self.vocab, device=self.device))
+        s = np.linalg.svd(to_numpy(E), compute_uv=False)
         return float(s[0] / s[-1]) if s[-1] > 0 and np.isfinite(s).all() else math.inf
 
     def generic_state(self, cond: float = 10.0, own_steps: int = 3) -> float:
