@@ -98,14 +98,16 @@ def _ratio(num, den) -> float:
 def orthonormality_loss(Z: np.ndarray) -> float:
     """||Z^T Z - I||_F."""
     Z = as_matrix(Z, "Z")
-    return _finite({"orthonormality": float(np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])))},
-                   "entries too large")["orthonormality"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        loss = float(np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])))
+    return _finite({"orthonormality": loss}, "entries too large")["orthonormality"]
 
 
 def orthonormality_ratio(Z: np.ndarray, u: float) -> float:
     """LAPACK dqrt01's ratio ||I - Z^T Z||_1 / (V u); about 1 for Householder QR, pass below 30."""
     Z, u = as_matrix(Z, "Z"), unit_roundoff(u)
-    ratio = float(np.linalg.norm(np.eye(Z.shape[1]) - Z.T @ Z, 1) / (Z.shape[0] * u))
+    with np.errstate(over="ignore", invalid="ignore"):
+        ratio = float(np.linalg.norm(np.eye(Z.shape[1]) - Z.T @ Z, 1) / (Z.shape[0] * u))
     return _finite({"orthonormality_ratio": ratio}, "entries too large")["orthonormality_ratio"]
 
 
@@ -119,11 +121,13 @@ def cholesky_conditioning(L: np.ndarray, u: float) -> dict:
     s = _singular_values(L, "L")
     cond_L = float(s[0] / s[-1]) if s[-1] > 0 else float("inf")
     n = L.shape[0]
+    with np.errstate(over="ignore"):
+        cond_T = float(np.float64(cond_L) ** 2)  # a Python float would raise OverflowError instead of inf
     return _finite({
         "cond_L": cond_L,
-        "cond_T": cond_L**2,
+        "cond_T": cond_T,
         "min_diag_L": float(np.min(np.diag(L))),
-        "breakdown_margin": 20.0 * n**1.5 * cond_L**2 * u,
+        "breakdown_margin": float(20.0 * n**1.5 * np.float64(cond_T) * u),
     }, "L is singular to float64")
 
 
@@ -216,7 +220,8 @@ def pinv_drift(E: np.ndarray, B: np.ndarray) -> float:
     """||W E - I||_F with W = B^T; D x D, O(V D^2)."""
     E, B = as_matrix(E, "E"), as_matrix(B, "B")
     _same_shape(E, B, "E and B")
-    drift = float(np.linalg.norm(B.T @ E - np.eye(E.shape[1])))
+    with np.errstate(over="ignore", invalid="ignore"):
+        drift = float(np.linalg.norm(B.T @ E - np.eye(E.shape[1])))
     return _finite({"pinv_drift": drift}, "entries too large")["pinv_drift"]
 
 
