@@ -265,6 +265,9 @@ class Engine:
         direction_L = self._optimizer_direction(gl, "L")
         self.opt_step += 1
         xi = tangent_projection(Z, -s.lr * direction_Z, ops)
+        if not ops.isfinite_all(xi):
+            # a step that overflowed in the policy's matmuls: the retraction's QR/SVD must not see it
+            return [{"event": "nonfinite_state", "action": "step skipped"}]
         try:
             Z_new = self.retract(Z, xi, ops)
         except RetractionError as exc:
