@@ -256,19 +256,22 @@ class RunDir:
                                 f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB is free")
         record = {"step": int(step), "files": {name: sha256(data) for name, data in files.items()}}
         staged = [self.path / (name + STAGED) for name in files]
+        tmp = self.path / (COMMIT + ".tmp")
         try:
             for path, data in zip(staged, files.values()):
                 _write_durable(path, data)
-            write_atomic(self.path / COMMIT, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+            _write_durable(tmp, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+            os.replace(tmp, self.path / COMMIT)  # the commit point
         except BaseException as exc:
             # before the commit point: this commit never happened
-            for path in staged:
+            for path in staged + [tmp]:
                 _unlink_quietly(path)
             if isinstance(exc, OSError):
                 raise _oserror("write", self.path, exc) from None
             raise
         # after it: put the files in place; a cut here is finished by the next open
         try:
+            _fsync_dir(self.path)
             for path, name in zip(staged, files):
                 os.replace(path, self.path / name)
             _fsync_dir(self.path)
@@ -305,11 +308,12 @@ def npz_bytes(arrays: dict) -> bytes:
 def read_checkpoint(path: Path | str) -> dict:
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as ck:
-            if not isinstance(ck, np.lib.npyio.NpzFile):
-                raise ValueError("not an .npz archive")
+        ck = np.load(path, allow_pickle=False)
+        if not isinstance(ck, np.lib.npyio.NpzFile):  # an .npy gives an array
+            raise ValueError("not an .npz archive")
+        with ck:
             return {k: ck[k] for k in ck.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, AttributeError) as exc:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise PitcheckError(f"{path} is not a readable checkpoint ({exc})") from None
 
 

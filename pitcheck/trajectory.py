@@ -625,6 +625,8 @@ class Trajectory:
             if not self.rows or self.rows[-1]["step"] != self.step:
                 self._record()
         except KeyboardInterrupt:
+            if not self.rows:  # interrupted before the first record: nothing to keep
+                raise PitcheckError(f"interrupted before the first step of {self.out}; nothing was written") from None
             # keep the work done: checkpoint this step (metrics rows stay those of the recorded steps)
             self._commit()
             raise PitcheckError(f"interrupted at step {self.step} of {self.out}, checkpoint saved; the same "

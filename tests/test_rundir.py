@@ -1,0 +1,163 @@
+"""The run directory store: commits all or nothing, recovery from a cut commit, the lock, strict readers."""
+import errno
+import json
+
+import numpy as np
+import pytest
+
+from pitcheck import PitcheckError, rundir
+from pitcheck.rundir import RunDir, npz_bytes, read_checkpoint, read_events, read_manifest, read_metrics
+
+FILES_1 = {"manifest.json": b'{"config": {}}\n', "metrics.csv": b"step\n0\n", "events.jsonl": b"",
+           "checkpoint.npz": npz_bytes({"step": np.int64(1)})}
+FILES_2 = {**FILES_1, "metrics.csv": b"step\n0\n2\n", "checkpoint.npz": npz_bytes({"step": np.int64(2)})}
+
+
+def contents(d):
+    return {n: (d / n).read_bytes() for n in FILES_1}
+
+
+def test_commit_then_reopen(tmp_path):
+    with RunDir(tmp_path) as store:
+        assert not store.has_run() and store.foreign_files() == []
+        store.commit(1, FILES_1)
+        store.commit(2, FILES_2)
+    with RunDir(tmp_path) as store:
+        assert store.record["step"] == 2 and store.has_run()
+    assert contents(tmp_path) == FILES_2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*FILES_1, "commit.json", ".lock"])
+
+
+@pytest.mark.parametrize("fail_at", range(6))
+def test_a_failed_commit_leaves_the_previous_one_and_no_stray_file(tmp_path, monkeypatch, fail_at):
+    with RunDir(tmp_path) as store:
+        store.commit(1, FILES_1)
+        calls = []
+        real = rundir._write_durable
+
+        def failing(path, data):
+            calls.append(path)
+            if len(calls) == fail_at + 1:
+                raise OSError(errno.EIO, "Input/output error")
+            real(path, data)
+
+        monkeypatch.setattr(rundir, "_write_durable", failing)
+        if fail_at < 5:  # four staged files, then the record
+            with pytest.raises(PitcheckError, match="Input/output error"):
+                store.commit(2, FILES_2)
+            assert contents(tmp_path) == FILES_1
+        else:
+            store.commit(2, FILES_2)
+            assert contents(tmp_path) == FILES_2
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".staged", ".tmp"))]
+
+
+def test_a_commit_cut_before_its_record_is_rolled_back(tmp_path):
+    with RunDir(tmp_path) as store:
+        store.commit(1, FILES_1)
+    for name, data in FILES_2.items():  # staged, never committed
+        (tmp_path / (name + ".staged")).write_bytes(data)
+    (tmp_path / "commit.json.tmp").write_text("{")
+    with RunDir(tmp_path) as store:
+        assert store.record["step"] == 1
+    assert contents(tmp_path) == FILES_1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".staged", ".tmp"))]
+
+
+def test_a_commit_cut_after_its_record_is_rolled_forward(tmp_path, monkeypatch):
+    with RunDir(tmp_path) as store:
+        store.commit(1, FILES_1)
+        real_replace = rundir.os.replace
+        moves = []
+
+        def cut(src, dst):  # the record goes in, then the process dies after one rename
+            moves.append(dst)
+            if len(moves) == 3:
+                raise KeyboardInterrupt
+            real_replace(src, dst)
+
+        monkeypatch.setattr(rundir.os, "replace", cut)
+        with pytest.raises(KeyboardInterrupt):
+            store.commit(2, FILES_2)
+        monkeypatch.undo()
+    with RunDir(tmp_path) as store:
+        assert store.record["step"] == 2
+    assert contents(tmp_path) == FILES_2
+
+
+def test_a_changed_file_or_record_is_refused(tmp_path):
+    with RunDir(tmp_path) as store:
+        store.commit(1, FILES_1)
+    (tmp_path / "metrics.csv").write_bytes(b"step\n0\n1\n")
+    with pytest.raises(PitcheckError, match="metrics.csv does not match the last commit"):
+        RunDir(tmp_path).open()
+    (tmp_path / "metrics.csv").unlink()
+    with pytest.raises(PitcheckError, match="metrics.csv is missing"):
+        RunDir(tmp_path).open()
+    (tmp_path / "commit.json").write_text("[1, 2]")
+    with pytest.raises(PitcheckError, match="not a commit record"):
+        RunDir(tmp_path).open()
+
+
+def test_the_lock_names_its_holder_and_is_released(tmp_path):
+    first = RunDir(tmp_path).open()
+    with pytest.raises(PitcheckError, match=r"in use by another pitcheck \(pid \d+ on host "):
+        RunDir(tmp_path).open()
+    first.close()
+    RunDir(tmp_path).open().close()
+
+
+def test_clear_removes_the_run_and_nothing_else(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with RunDir(tmp_path) as store:
+        store.commit(1, FILES_1)
+        assert store.foreign_files() == ["notes.txt"]
+        store.clear()
+        assert not store.has_run() and store.record is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "notes.txt"]
+
+
+def test_checkpoint_bytes_depend_on_the_state_only():
+    arrays = {"Z": np.arange(6.0).reshape(3, 2), "step": np.int64(4)}
+    assert npz_bytes(arrays) == npz_bytes({k: v.copy() for k, v in arrays.items()})
+
+
+def test_readers_refuse_what_pitcheck_did_not_write(tmp_path):
+    p = tmp_path / "f"
+    for data in (b"", b"\x00\xff garbage", b"PK\x03\x04broken zip"):
+        p.write_bytes(data)
+        with pytest.raises(PitcheckError, match="not a readable checkpoint"):
+            read_checkpoint(p)
+        with pytest.raises(PitcheckError, match="not a readable manifest|not a pitcheck manifest"):
+            read_manifest(p)
+    np.save(tmp_path / "a.npy", np.ones(3))
+    with pytest.raises(PitcheckError, match="not a readable checkpoint"):
+        read_checkpoint(tmp_path / "a.npy")
+    for text, match in [("", "not a metrics file"), ("x,y\n1,2\n", "not a metrics file"),
+                        ("step,a\n0,1\n0,2\n", "does not follow"), ("step,a\n0,1\n1\n", "wrong number of cells"),
+                        ("step,a\n0,zz\n", "line 2"), ("step,a\n0,1,2\n", "wrong number of cells")]:
+        p.write_text(text)
+        with pytest.raises(PitcheckError, match=match):
+            read_metrics(p)
+    p.write_text("step,a\n0,nan\n3,inf\n")
+    assert [r["step"] for r in read_metrics(p)] == [0, 3]  # NaN and inf are values a run may record
+    for text in ("{", "[1]", '{"step": -1, "event": "x"}', '{"step": 1.5, "event": "x"}', '{"step": 1}'):
+        p.write_text(text + "\n")
+        with pytest.raises(PitcheckError, match="line 1"):
+            read_events(p)
+    p.write_text(json.dumps({"config": []}))
+    with pytest.raises(PitcheckError, match="no config"):
+        read_manifest(p)
+    p.write_bytes(b"\xff\xfe")
+    with pytest.raises(PitcheckError, match="cannot read"):
+        read_metrics(p)
+
+
+def test_out_paths(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    for bad, match in [("", "is empty"), (tmp_path / "file", "is a file"), (tmp_path / "file" / "sub", "is a file")]:
+        with pytest.raises(PitcheckError, match=match):
+            rundir.check_out_path(bad)
+    monkeypatch.setattr(rundir.os, "access", lambda p, mode: False)
+    with pytest.raises(PitcheckError, match="not writable"):
+        rundir.check_out_path(tmp_path / "new")
