@@ -12,25 +12,17 @@ import pytest
 from pitcheck.cli import main
 from pitcheck.errors import PitcheckError
 from pitcheck.validate import validate
+from tests.zoo import CAUGHT_BY
 
 SMALL = dict(vocab=128, dim=8, steps=40, timeout=240)
 
-# each broken implementation, the check that exists to catch it, and the sizes where it shows
-BROKEN = {
-    "broken_one_solve": ("penrose", {}),
-    "broken_transposed": ("penrose", {}),
-    "broken_init": ("penrose", {}),
-    "broken_no_retraction": ("trajectory", {}),
-    "broken_stale_cache": ("trajectory", {}),
-    "broken_bf16_storage": ("contract", {}),
-    "broken_unconstrained_diag": ("conditioning", {}),
+# the sizes where a bug shows, where the small default does not
+SIZES = {
     # torch.linalg.pinv's default cutoff V eps drops a direction once cond(T) > 1 / (V eps): V = 1024
-    "broken_pinv_head": ("conditioning", {"vocab": 1024}),
-    "broken_backward": ("gradients", {}),
-    "broken_checkpoint": ("checkpoint", {}),
-    "broken_negative_ids": ("bad_input", {}),
-    "broken_scale": ("scale", {}),
+    "broken_pinv_head": {"vocab": 1024},
 }
+BROKEN = {name: (check, SIZES.get(name, {})) for name, check in CAUGHT_BY.items()
+          if name.startswith("broken_") and name != "broken_fp32_solves"}
 CORRECT = ["correct_cholesky_qr", "correct_upper_polar", "correct_eigen", "correct_cayley"]
 
 

@@ -73,6 +73,34 @@ def test_penrose_ratio_is_in_units_of_cond_u_not_eps():
     assert drift["ratio"] == pytest.approx(2e-5 * math.sqrt(D) / math.sqrt(D) / FP32.unit(1.0), rel=1e-3)
 
 
+@pytest.mark.parametrize("cond", [1.0, 1e3])
+@pytest.mark.parametrize("s", [1e-3, -1e-3])
+def test_memory_orthonormality_is_read_off_the_maps_whatever_t(cond, s):
+    # Z (1 + s) has Z^T Z = (1 + s)^2 I: ||Z^T Z - I||_2 = |2 s + s^2|, whatever T is
+    E, W = maps(cond=cond, dtype="float64", stretch=s)
+    assert checks.memory_orthonormality(E, W) == pytest.approx(abs(2 * s + s * s), rel=1e-6)
+
+
+def test_interface_reports_the_worst_penrose_condition():
+    from pitcheck import metrics
+
+    E, W = maps(cond=10.0, dtype="float64", one_solve=True)
+    pen = metrics.penrose_residuals(E, W.T)
+    assert max(pen.values()) > 1.5 * min(pen.values())
+    assert checks.interface(E, W)["penrose"] == max(pen.values())
+
+
+def test_reference_ratio_is_the_forward_error_in_units_of_cond():
+    # E off by a relative 1e-5 from the exact pseudo-inverse of W: the forward error 1e-5 over unit(cond)
+    cond, delta = 100.0, 1e-5
+    E, W = maps(cond=cond, dtype="float64")
+    result = verdict("reference", probe_of(("x", (E * (1 + delta), W))))
+    row = result.details[0]
+    assert row["raw"] == pytest.approx(delta, rel=1e-6)
+    assert row["ratio"] == pytest.approx(delta / FP32.unit(row["cond_T"]), rel=1e-6)
+    assert row["cond_T"] == pytest.approx(cond, rel=1e-6)
+
+
 def test_trajectory_catches_drift_that_appears_after_steps():
     states = [(f"step {k}", maps(cond=1.0, stretch=s)) for k, s in ((0, 0.0), (10, 1e-6), (100, 1e-3))]
     result = verdict("trajectory", probe_of(*states))
@@ -193,16 +221,28 @@ def test_bad_input_fails_a_wrapped_negative_id_and_passes_an_error():
     assert wrapped.verdict == "fail" and "wraps" in wrapped.reason
 
 
+@pytest.mark.parametrize("case", ["id V", "float ids"])
+def test_bad_input_fails_finite_numbers_for_an_impossible_id(case):
+    p = bad_input_probe({"raised": "IndexError"})
+    p.facts["cases"][case] = {"shape": [2, D]}
+    p.arrays[f"value:{case}"] = np.ones((2, D))
+    result = verdict("bad_input", p)
+    assert result.verdict == "fail" and f"{case} returned finite numbers" in result.reason
+    p.arrays[f"value:{case}"][1] = np.nan  # NaN confined to the offending row is a clear answer
+    assert verdict("bad_input", p).verdict == "pass"
+
+
 def test_bad_input_requires_a_non_finite_row_to_stay_in_its_row():
     clean = np.ones((3, V))
     spread = clean.copy()
     spread[:] = np.nan
     confined = clean.copy()
     confined[1] = np.nan
-    for value, expected in ((confined, "pass"), (spread, "fail"), (clean, "fail")):
+    for value, expected in ((confined, ""), (spread, "spread"), (clean, "gave finite logits")):
         p = Probe(facts={"cases": {"nan hidden row": {"shape": [3, V]}}})
         p.arrays.update({"rows_0_last": np.zeros((2, D)), "clean_logits": clean, "value:nan hidden row": value})
-        assert verdict("bad_input", p).verdict == expected
+        result = verdict("bad_input", p)
+        assert result.verdict == ("fail" if expected else "pass") and expected in result.reason
 
 
 def scale_probe(transform):

@@ -3,3 +3,21 @@ broken ones with one realistic bug each. Every public module here (no leading un
 `make(vocab_size, hidden_size, *, dtype, device, seed)`; `_base.py` is the plain L L^T module the
 broken ones start from (itself correct), so each broken file differs from it by its one bug.
 """
+
+# the check that exists to catch each broken module's bug (what the validator's tests assert)
+CAUGHT_BY = {
+    "broken_one_solve": "penrose",
+    "broken_transposed": "penrose",
+    "broken_init": "penrose",
+    "broken_no_retraction": "trajectory",
+    "broken_stale_cache": "trajectory",
+    "broken_bf16_storage": "contract",
+    "broken_fp32_solves": "contract",  # under a float64 request; in float32 it is correct
+    "broken_unconstrained_diag": "conditioning",
+    "broken_pinv_head": "conditioning",
+    "broken_backward": "gradients",
+    "broken_checkpoint": "checkpoint",
+    "broken_negative_ids": "bad_input",
+    "broken_scale": "scale",
+    "hf_tied_gpt2": "penrose",  # standard tying is not PIT
+}
