@@ -100,6 +100,28 @@ def test_a_target_that_hangs_aborts_or_cannot_be_imported_is_exit_2(name, phase,
     assert len(err) == 1 and phase in err[0]
 
 
+def test_interrupting_the_validator_kills_the_target(tmp_path):
+    # Ctrl-C in the validator (here: SIGINT to it while the target hangs) must not orphan the target
+    marker = tmp_path / "pid"
+    (tmp_path / "sleeper.py").write_text(
+        "import os, time\n"
+        f"def make(V, D, **kw):\n    open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "    while True:\n        time.sleep(0.1)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pitcheck.cli", "validate", f"{tmp_path / 'sleeper.py'}:make",
+                             "--vocab", "64", "--dim", "4", "--timeout", "120"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists()
+    target_pid = int(marker.read_text())
+    proc.send_signal(__import__("signal").SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert proc.stderr.read().strip().splitlines() == ["pitcheck: interrupted"]
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        __import__("os").kill(target_pid, 0)
+
+
 def test_a_target_that_raises_in_a_check_fails_that_check(tmp_path, monkeypatch):
     (tmp_path / "raiser.py").write_text(
         "from pitcheck.nn import make as _make\n"
@@ -123,6 +145,8 @@ def test_a_target_that_raises_in_a_check_fails_that_check(tmp_path, monkeypatch)
     (["pitcheck.nn:make", "--vocab", "8", "--dim", "8"], "at least 2 x --dim"),
     (["pitcheck.nn:make", "--steps", "-1"], "--steps must be"),
     (["pitcheck.nn:make", "--timeout", "nan"], "--timeout must be"),
+    pytest.param(["pitcheck.nn:make", "--device", "cuda"], "no CUDA device",
+                 marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present")),
 ])
 def test_bad_validate_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(["validate", *argv]) == 2

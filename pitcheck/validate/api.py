@@ -39,6 +39,11 @@ def _check_options(dtype, device, vocab, dim, steps, seed, timeout) -> None:
         raise PitcheckError(f"V x D = {vocab * dim} is beyond what a validation needs (at most 2^27 entries)")
     if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
         raise PitcheckError(f"--timeout must be a positive number of seconds, got {timeout!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise PitcheckError("--device cuda asked for, but torch sees no CUDA device")
 
 
 def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int = DEFAULT_VOCAB,

@@ -34,11 +34,13 @@ class CheckResult:
     verdict: str
     value: float | None = None  # the worst normalised ratio measured (None: nothing measurable)
     threshold: float | None = None
+    measured: float | None = None  # the raw error behind that ratio
     reason: str = ""
     details: list = field(default_factory=list)  # one row per state or case, for the reports
 
     def to_json(self) -> dict:
         return {"name": self.name, "verdict": self.verdict, "value": _finite_or_none(self.value),
+                "measured": _finite_or_none(self.measured),
                 "threshold": self.threshold, "reason": self.reason,
                 "details": [{k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in d.items()}
                             for d in self.details]}
@@ -127,7 +129,7 @@ class Verdicts:
         else:
             row["verdict"] = "pass"
         if row["verdict"] != "inconclusive" and (self.result.value is None or not r <= self.result.value):
-            self.result.value = r
+            self.result.value, self.result.measured = r, value
         self.result.details.append(row)
 
     def fail(self, label: str, reason: str, **row) -> None:

@@ -59,13 +59,21 @@ def run_isolated(request: dict, timeout: float) -> TargetRun:
             proc = subprocess.Popen([sys.executable, "-m", "pitcheck.validate.worker", str(out / "request.json")],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
                                     start_new_session=True)
+            code, timed_out = None, True
             try:
                 code = proc.wait(timeout=timeout)
                 timed_out = False
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code, timed_out = None, True
+                pass
+            finally:
+                # on a timeout, and on Ctrl-C or any error here, the target's whole process group goes
+                # (it runs in its own session, so a terminal's SIGINT never reached it)
+                if proc.poll() is None or timed_out:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
         run = TargetRun(seconds=time.monotonic() - start)
         for name in request["checks"]:
             path = out / f"{name}.npz"

@@ -60,16 +60,20 @@ class ValidationResult:
         }
 
     # ---- renderings ----------------------------------------------------------------------------
-    def rows(self) -> list[tuple[str, str, str, str, str]]:
-        return [(c.name, c.verdict, _fmt(c.value), _fmt(c.threshold), c.reason or "-") for c in self.checks]
+    HEADER = ("check", "verdict", "measured", "ratio", "threshold", "reason")
+
+    def rows(self) -> list[tuple[str, ...]]:
+        return [(c.name, c.verdict, _fmt(c.measured), _fmt(c.value), _fmt(c.threshold), c.reason or "-")
+                for c in self.checks]
 
     def table(self, width: int = 120) -> str:
-        header = ("check", "verdict", "ratio", "threshold", "reason")
+        """One row per check; `measured` is the raw error, `ratio` it over its unit (see checks.py)."""
         rows = self.rows()
-        w = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+        n = len(self.HEADER) - 1
+        w = [max(len(r[i]) for r in rows + [self.HEADER]) for i in range(n)]
         lines = []
-        for r in [header] + rows:
-            line = "  ".join(r[i].ljust(w[i]) for i in range(4)) + "  " + r[4]
+        for r in [self.HEADER] + rows:
+            line = "  ".join(r[i].ljust(w[i]) for i in range(n)) + "  " + r[n]
             lines.append(line if len(line) <= width else line[: width - 3] + "...")
         return "\n".join(lines)
 
@@ -81,7 +85,7 @@ class ValidationResult:
                f"**{self.summary()}**", ""]
         if self.fatal:
             out += [f"Target error: {self.fatal}", ""]
-        out += ["| check | verdict | ratio | threshold | reason |", "|---|---|---|---|---|"]
+        out += ["| " + " | ".join(self.HEADER) + " |", "|---" * len(self.HEADER) + "|"]
         for r in self.rows():
             out.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
         return "\n".join(out) + "\n"
