@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import metrics, reference
 from .probes import Probe
+from .target import UNIT_ROUNDOFF
 
 # Correct implementations in five conventions measure ratios of 0.1 to 8 (closing note of issue 6);
 # LAPACK's suites pass below 30. 16 keeps bf16 resolvable at cond(T) <= 1.6 (16 u = 0.0625).
@@ -308,7 +309,7 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
     if not f.get("parameters"):
         v.inconclusive("gradients", "the module has no trainable parameters")
         return v.done()
-    u_fd = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[f["fd_dtype"]]
+    u_fd = UNIT_ROUNDOFF[f["fd_dtype"]]
     ad, fd = f["autograd"], f["finite_difference"]
     scale = max(abs(ad), abs(fd), 1e-300)
     noise = abs(f["fd_at_step"] - f["fd_at_half_step"]) / scale
