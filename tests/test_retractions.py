@@ -8,11 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pitcheck import PitcheckError, metrics, oracle, reference
-from pitcheck.retractions import (RETRACTIONS, RetractionError, get_retraction, reproject,
+from pitcheck.arrays import TorchOps
+from pitcheck.retractions import (APPROXIMATE, RETRACTIONS, RetractionError, get_retraction, reproject,
                                   tangent_projection)
 
 U = 2.0**-53
-ON_MANIFOLD = [name for name in RETRACTIONS if name not in ("none", "cayley-iter")]
+ON_MANIFOLD = [name for name in RETRACTIONS if name not in ("none", "cayley-iter", *APPROXIMATE)]
 
 
 def _point_and_step(V=300, D=12, seed=0):
@@ -50,7 +51,7 @@ def _first_order_slope(fn, Z, xi):
     return np.polyfit(np.log(ts), np.log(errs), 1)[0], errs
 
 
-@pytest.mark.parametrize("name", [n for n in RETRACTIONS if n != "none"])
+@pytest.mark.parametrize("name", [n for n in RETRACTIONS if n != "none" and n not in APPROXIMATE])
 def test_first_order_agreement(name):
     # R(Z, t xi) = Z + t xi + O(t^2): the remainder's log-log slope is 2
     Z, xi = _point_and_step()
@@ -111,7 +112,7 @@ def test_reproject_restores_the_manifold():
     assert metrics.orthonormality_ratio(reproject(drifted), U) < 30
 
 
-@pytest.mark.parametrize("name", ["cayley", "cayley-iter", "polar-gram", "qr"])
+@pytest.mark.parametrize("name", ["cayley", "cayley-iter", "polar-gram", "qr", "cholqr2", "ns5"])
 def test_no_v_by_v_array_at_a_large_vocabulary(name):
     V, D = 65536, 32
     Z, xi = _point_and_step(V, D, 1)
@@ -120,7 +121,7 @@ def test_no_v_by_v_array_at_a_large_vocabulary(name):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 20 * V * D * 8  # a V x V float64 would be 34 GB
-    assert metrics.orthonormality_loss(Y) < 1e-3
+    assert metrics.orthonormality_loss(Y) < (10 if name in APPROXIMATE else 1e-3)
 
 
 @settings(max_examples=20, deadline=None)
@@ -134,3 +135,104 @@ def test_retractions_land_on_manifold_for_any_shape(vocab, dim, scale, seed, nam
     Y = RETRACTIONS[name](Z, scale * xi)
     assert Y.shape == Z.shape
     assert metrics.orthonormality_ratio(Y, U) < 30
+
+
+@pytest.mark.parametrize("name", sorted(APPROXIMATE))
+def test_approximate_maps_fail_the_retraction_checks(name):
+    # ns5 is run and benchmarked for comparison only: the same checks that pass every retraction fail it,
+    # first order (it does not even fix a point on the manifold: slope about 0) and landing on the manifold
+    Z, xi = _point_and_step()
+    slope, errs = _first_order_slope(RETRACTIONS[name], Z, xi)
+    assert slope < 0.5 and errs.min() > 1e-2, (slope, errs)
+    Y = RETRACTIONS[name](Z, 0.3 * xi)
+    assert metrics.orthonormality_loss(Y) > 0.1
+    assert metrics.orthonormality_ratio(Y, U) > 1e6
+
+
+def test_ns5_is_muons_map():
+    # singular values of the result land in Muon's band about [0.7, 1.2], whatever the input's scale
+    rng = np.random.default_rng(3)
+    Y = rng.standard_normal((400, 16)) @ np.diag(np.geomspace(1, 30, 16))
+    s = np.linalg.svd(RETRACTIONS["ns5"](Y, 0 * Y), compute_uv=False)
+    assert 0.6 < s.min() and s.max() < 1.3, s
+
+
+def _near_manifold(V, D, seed, dtype):
+    rng = np.random.default_rng(seed)
+    Z = reference.random_memory(V, D, rng)
+    xi = tangent_projection(Z, rng.standard_normal(Z.shape))
+    Zt = RETRACTIONS["qr"](torch.from_numpy(Z).to(dtype), torch.zeros(V, D, dtype=dtype))  # on the manifold in dtype
+    return Zt, torch.from_numpy(0.1 * xi / np.linalg.norm(xi)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cholqr2_orthogonality_within_2x_of_qr(dtype):
+    # one step from the manifold: Cholesky-QR twice is as orthonormal as Householder QR (measured 0.6-0.95x)
+    loss = {n: np.mean([metrics.orthonormality_loss(RETRACTIONS[n](*_near_manifold(1024, 48, s, dtype)).double().numpy())
+                        for s in range(4)]) for n in ("qr", "cholqr2")}
+    assert loss["cholqr2"] < 2 * loss["qr"], loss
+
+
+def test_cholqr2_recovers_where_one_pass_does_not():
+    # cond(Y) = 1e5 in float64: one Cholesky-QR pass loses ~cond^2 u, the second pass restores O(u)
+    rng = np.random.default_rng(5)
+    Q, _ = np.linalg.qr(rng.standard_normal((500, 20)))
+    Y = Q @ np.diag(np.geomspace(1, 1e-5, 20)) @ np.linalg.qr(rng.standard_normal((20, 20)))[0]
+    one = metrics.orthonormality_loss(RETRACTIONS["cholqr"](Y, 0 * Y))
+    two = metrics.orthonormality_loss(RETRACTIONS["cholqr2"](Y, 0 * Y))
+    assert one > 1e-8 and two < 1e-13, (one, two)
+    # and the factor is Householder QR's (diag(R) > 0)
+    assert np.linalg.norm(RETRACTIONS["cholqr2"](Y, 0 * Y) - RETRACTIONS["qr"](Y, 0 * Y)) < 1e-9
+
+
+def test_cholqr2_reports_breakdown():
+    Z = np.zeros((20, 3))
+    Z[:, 0] = 1.0
+    with pytest.raises(RetractionError, match="cholqr2"):
+        RETRACTIONS["cholqr2"](Z, np.zeros_like(Z))
+
+
+class _CountingOps(TorchOps):
+    """TorchOps that records the shapes of every product with a V-sized operand and every concatenation."""
+
+    def __init__(self, V):
+        super().__init__()
+        self.V, self.big, self.cats = V, 0, []
+
+    def matmul(self, a, b):
+        self.big += self.V in (a.shape[0], b.shape[0], b.shape[-1]) and max(a.numel(), b.numel()) >= self.V
+        return super().matmul(a, b)
+
+    def cat(self, xs, axis):
+        out = super().cat(xs, axis)
+        self.cats.append(tuple(out.shape))
+        return out
+
+
+def test_cayley_issues_five_v_sized_gemms_and_no_tall_copies():
+    V, D = 3000, 16
+    Z, xi = _near_manifold(V, D, 0, torch.float64)
+    ops = _CountingOps(V)
+    import pitcheck.retractions as R
+    real = R._add_products
+    counted = []
+
+    def add_products(Z, pairs, ops_):
+        counted.extend(pairs)
+        return real(Z, pairs, ops_)
+
+    R._add_products = add_products
+    try:
+        Y = RETRACTIONS["cayley"](Z, xi, ops)
+    finally:
+        R._add_products = real
+    assert ops.big + len(counted) == 5, (ops.big, len(counted))  # 3 Grams in matmul, 2 in the fused apply
+    assert all(max(shape) <= 2 * D for shape in ops.cats), ops.cats
+    assert metrics.orthonormality_loss(Y.numpy()) < 1e-13
+
+
+@pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2", "cayley", "polar-gram", "ns5"])
+def test_torch_results_are_row_major(name):
+    # a column-major Z makes every later elementwise update of the model a strided pass
+    Z, xi = _near_manifold(500, 12, 1, torch.float32)
+    assert RETRACTIONS[name](Z, xi).is_contiguous()
