@@ -418,5 +418,6 @@ def test_real_ctrl_c_during_start_up_is_one_line(tmp_path, delay):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err, err
-    assert proc.returncode in (0, 2, 130), (proc.returncode, err)
+    # -SIGINT: the signal came as the interpreter shut down after the run, which it ends silently
+    assert proc.returncode in (0, 2, 130, -signal.SIGINT), (proc.returncode, err)
     assert len(err.strip().splitlines()) <= 1, err
