@@ -1,0 +1,169 @@
+"""Where the cells of a sweep run: a local process pool (the default) or a Ray cluster.
+
+An executor takes a list of tasks (plain dicts, see sweep.py) and a function to call with each result as
+it arrives; it runs `sweep.run_cell` on every task. Both executors pin the BLAS and torch thread pools
+of every worker (one thread unless there are more cores than workers), so that workers sharing a machine
+do not fight over its cores, and so that every cell computes with the same thread count whichever
+executor ran it: that, and the cell's own seeded config, is what makes the results bit-identical.
+
+Nothing heavy is imported at the top: a spawned worker pins its threads before numpy or torch load.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from .errors import PitcheckError
+
+EXECUTORS = ("local", "ray")
+# the variables the BLAS libraries and OpenMP read when they load
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                    "NUMEXPR_NUM_THREADS")
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {name: str(threads) for name in THREAD_VARIABLES}
+
+
+def pin_threads(threads: int = 1) -> None:
+    """Set this process's thread pools to `threads`: the environment (for libraries not yet loaded) and
+    torch's pools. Called first in every worker."""
+    os.environ.update(thread_env(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or parallel work has started: harmless
+        pass
+
+
+def _run_pinned(task: dict, threads: int) -> dict:
+    pin_threads(threads)
+    from .sweep import run_cell
+
+    return run_cell(task)
+
+
+def check_workers(workers: int | None) -> int:
+    if workers is None:
+        return available_cores()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise PitcheckError(f"--workers must be a positive integer, got {workers!r}")
+    return workers
+
+
+def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int | None = None) -> None:
+    """Run every task in a pool of worker processes (spawned: nothing of the parent's state is shared).
+
+    Workers default to the cores this process may use; each gets cores // workers BLAS/torch threads
+    (at least one). Even one worker is a separate process, pinned the same way, so that `--workers 1`
+    computes what a larger pool computes.
+    """
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    workers = min(check_workers(workers), max(1, len(tasks)))
+    if not tasks:
+        return
+    threads = max(1, available_cores() // workers)
+    saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    # spawned children inherit the environment at start: their BLAS loads with the pinned count
+    os.environ.update(thread_env(threads))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=pin_threads, initargs=(threads,))
+    pending: set = set()
+    try:
+        pending = {pool.submit(_run_pinned, task, threads) for task in tasks}
+        for k, v in saved.items():  # the workers have started: the parent's own settings come back
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                on_result(future.result())
+    except BaseException:
+        for future in pending:
+            future.cancel()
+        # a worker interrupted by the same Ctrl-C commits its step and stops (trajectory.run)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    pool.shutdown(wait=True)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise PitcheckError("--executor ray needs Ray: pip install 'pitcheck[ray]' (or pip install ray)") from None
+    return ray
+
+
+def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str | None = None,
+            workers: int | None = None) -> None:
+    """One Ray task per cell, on the cluster at `address` or, without one, on a local runtime started here
+    (with `workers` CPUs, default every core). A runtime already initialised by the caller is used as it is.
+    Cells on CUDA request one GPU; every task runs with one BLAS/torch thread, as in the local pool.
+    """
+    ray = _import_ray()
+    started = False
+    if not ray.is_initialized():
+        kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+        if address:
+            kwargs["address"] = address
+        else:
+            kwargs["num_cpus"] = check_workers(workers)
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:  # ConnectionError, RuntimeError, ValueError from a bad address
+            raise PitcheckError(f"cannot start or reach Ray{f' at {address}' if address else ''}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        started = True
+    pending: list = []
+    try:
+        remote = ray.remote(_run_pinned)
+        env = {"env_vars": thread_env(1)}
+        refs = [remote.options(num_cpus=1, num_gpus=1 if task.get("gpu") else 0, runtime_env=env,
+                               max_retries=0).remote(task, 1) for task in tasks]
+        pending = refs
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                on_result(ray.get(ref))
+    except BaseException:
+        for ref in pending:
+            try:
+                ray.cancel(ref)
+            except Exception:  # pragma: no cover - best effort
+                pass
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def execute(executor: str, tasks: list[dict], on_result: Callable[[dict], None], workers: int | None = None,
+            address: str | None = None) -> None:
+    if executor == "local":
+        if address:
+            raise PitcheckError("--address names a Ray cluster: use it with --executor ray")
+        run_local(tasks, on_result, workers)
+    elif executor == "ray":
+        run_ray(tasks, on_result, address, workers)
+    else:
+        raise PitcheckError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")

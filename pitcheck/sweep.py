@@ -1,0 +1,990 @@
+"""Sweeps: a grid of runs from a TOML file, one run directory per cell, a summary with growth rates,
+storage floors and a verdict.
+
+A grid file names the axes (every combination is a cell) and the options every cell shares:
+
+    steps = 10000               # trajectory length of every cell
+    records_per_decade = 10     # recorded steps per decade (the growth fit uses them)
+
+    [axes]                      # each a list (a single value is a list of one)
+    retraction = ["qr", "polar", "cayley"]
+    precision = ["fp64", "fp32", "bf16"]
+    adversary = ["gaussian", "dense_output+sparse_input"]   # '+' sums gradient models
+    optimizer = ["sgd"]
+    lr = [0.01]
+    head = ["pit"]              # pit; the baselines tied/untied have no retraction (one cell each)
+    shape = ["256x16"]          # vocab x dim
+    seed = [0, 1, 2]            # cells that differ only in the seed form one summary row
+
+    [fixed]                     # any other RunConfig field, e.g. cond = 10.0, device = "cuda"
+    [fixed.adversary_params]    # e.g. input_scale = 4.0
+
+Each cell is a run directory of `pitcheck run` under DIR/cells/, named by its config (the axes in
+words, then a hash of the whole config but its length), so an interrupted sweep resumes where each
+cell stopped, a finished sweep re-renders without computing anything, and one cell can be run alone with
+`pitcheck run --resume --out DIR/cells/NAME` and the same options. fp64 cells run on the float64 numpy
+reference, every other precision on the torch backend with a float64 shadow (unless fixed.backend says).
+
+growth_exponent is the slope of log ||Z^T Z - I||_F against log step over the second half of the run on
+the log-step axis the records are spaced on (steps sqrt(N)..N), fitted jointly over the seeds with one
+intercept per seed; its uncertainty is the slope's standard error. About 0 is bounded error, 0.5 a
+random walk, 1 linear growth. The floor is measured: an exactly orthonormal V x D Q (float64
+Householder QR of a Gaussian) rounded to the format Z is stored in, ||Q^T Q - I||_F.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+import platform
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+
+from .errors import PitcheckError
+
+AXES = ("retraction", "precision", "adversary", "optimizer", "lr", "head", "shape", "seed")
+GRID_KEYS = ("steps", "records_per_decade", "axes", "fixed", "description")
+# RunConfig fields that are axes (or derived from one), so not allowed in [fixed]
+AXIS_FIELDS = {"retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "seed", "steps",
+               "records_per_decade"}
+SUMMARY_COLUMNS = [
+    "retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "steps", "seeds",
+    "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
+    "growth_exponent", "growth_exponent_err", "final_pinv_drift", "drift_bound", "max_cond_T", "shadow_Z",
+    "ms_per_step", "floor", "error_over_floor", "events", "breakdowns",
+]
+# growth exponents below this are bounded error; at or above it the error grows without bound
+BOUNDED_GROWTH = 0.25
+# a retraction whose final error is within this factor of the best one's is as accurate; the cheapest wins
+ACCURACY_TIE = 2.0
+FLOOR_SAMPLES = 3
+COST_STEPS, COST_WARMUP = 20, 3
+
+
+# ---- the grid -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Grid:
+    axes: dict
+    steps: int
+    records_per_decade: int = 10
+    fixed: dict = field(default_factory=dict)
+    description: str = ""
+    source: str = ""
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "description": self.description, "steps": self.steps,
+                "records_per_decade": self.records_per_decade, "axes": self.axes, "fixed": self.fixed}
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    config: object  # RunConfig
+    group: tuple  # the summary row this cell belongs to (every axis but the seed)
+
+
+def builtin_grid_path(name: str) -> str:
+    return f"pitcheck/grids/{name}.toml"
+
+
+def _builtin_text(name: str) -> str:
+    return resources.files("pitcheck").joinpath("grids", f"{name}.toml").read_text()
+
+
+def parse_shape(value) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return int(value[0]), int(value[1])
+    if isinstance(value, str):
+        parts = value.lower().replace(" ", "").split("x")
+        if len(parts) == 2 and all(p.isdigit() for p in parts):
+            return int(parts[0]), int(parts[1])
+    raise PitcheckError(f"shape must be 'VxD' (e.g. '256x16') or [V, D], got {value!r}")
+
+
+def adversary_spec(value: str) -> str:
+    """'dense_output+sparse_input' (or with commas) -> the RunConfig spec 'dense_output,sparse_input'."""
+    if not isinstance(value, str):
+        raise PitcheckError(f"adversary must be a string, got {value!r}")
+    return ",".join(p.strip() for p in value.replace("+", ",").split(",") if p.strip())
+
+
+def adversary_label(spec: str) -> str:
+    return "+".join(spec.split(","))
+
+
+def grid_from_dict(data: dict, source: str) -> Grid:
+    from .trajectory import RunConfig
+
+    unknown = sorted(set(data) - set(GRID_KEYS))
+    if unknown:
+        raise PitcheckError(f"{source}: unknown key {unknown[0]!r}; a grid has {', '.join(GRID_KEYS)}")
+    axes_in = data.get("axes", {})
+    if not isinstance(axes_in, dict):
+        raise PitcheckError(f"{source}: [axes] must be a table")
+    bad = sorted(set(axes_in) - set(AXES))
+    if bad:
+        raise PitcheckError(f"{source}: unknown axis {bad[0]!r}; choose from {', '.join(AXES)}")
+    defaults = RunConfig()
+    axes = {}
+    for name in AXES:
+        if name in axes_in:
+            values = axes_in[name] if isinstance(axes_in[name], list) else [axes_in[name]]
+        elif name == "shape":
+            values = [f"{defaults.vocab}x{defaults.dim}"]
+        else:
+            values = [getattr(defaults, name)]
+        if not values:
+            raise PitcheckError(f"{source}: axis {name!r} is empty")
+        if name == "shape":
+            values = [f"{v}x{d}" for v, d in (parse_shape(x) for x in values)]
+        elif name == "adversary":
+            values = [adversary_label(adversary_spec(v)) for v in values]
+        elif name == "lr":
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+                raise PitcheckError(f"{source}: axis lr must hold numbers, got {values!r}")
+            values = [float(v) for v in values]
+        elif name == "seed":
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+                raise PitcheckError(f"{source}: axis seed must hold integers >= 0, got {values!r}")
+        elif any(not isinstance(v, str) for v in values):
+            raise PitcheckError(f"{source}: axis {name} must hold strings, got {values!r}")
+        if len(set(values)) != len(values):
+            raise PitcheckError(f"{source}: axis {name} repeats a value: {values!r}")
+        axes[name] = values
+    fixed = data.get("fixed", {})
+    if not isinstance(fixed, dict):
+        raise PitcheckError(f"{source}: [fixed] must be a table")
+    known = {f.name for f in fields(RunConfig)} - AXIS_FIELDS
+    bad = sorted(set(fixed) - known)
+    if bad:
+        what = "is an axis (give it under [axes])" if bad[0] in AXIS_FIELDS else "is not a run option"
+        raise PitcheckError(f"{source}: [fixed] {bad[0]!r} {what}; [fixed] takes {', '.join(sorted(known))}")
+    steps = data.get("steps", defaults.steps)
+    rpd = data.get("records_per_decade", defaults.records_per_decade)
+    for name, value in (("steps", steps), ("records_per_decade", rpd)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PitcheckError(f"{source}: {name} must be a positive integer, got {value!r}")
+    grid = Grid(axes=axes, steps=steps, records_per_decade=rpd, fixed=dict(fixed),
+                description=str(data.get("description", "")), source=source)
+    cells(grid)  # every cell's config is checked now, before anything runs
+    return grid
+
+
+def load_grid(path: str | None = None, quick: bool = False) -> Grid:
+    """The grid in a TOML file, or the built-in one (`quick`: the small one)."""
+    if path is not None and quick:
+        raise PitcheckError("--quick picks the built-in quick grid: give --config or --quick, not both")
+    if path is None:
+        name = "quick" if quick else "default"
+        source, text = builtin_grid_path(name), _builtin_text(name)
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PitcheckError(f"cannot read grid {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PitcheckError(f"{source} is not valid TOML: {exc}") from None
+    return grid_from_dict(data, source)
+
+
+def override(grid: Grid, **axes) -> Grid:
+    """The grid with some axes replaced (values as in the TOML file); None leaves an axis as it is."""
+    data = {"steps": grid.steps, "records_per_decade": grid.records_per_decade, "fixed": grid.fixed,
+            "description": grid.description, "axes": dict(grid.axes)}
+    for name, values in axes.items():
+        if name == "steps":
+            if values is not None:
+                data["steps"] = values
+        elif values is not None:
+            data["axes"][name] = values
+    return grid_from_dict(data, grid.source)
+
+
+def cell_name(config) -> str:
+    """The axes in words, then 8 hex digits of the whole config but its length and device."""
+    d = config.to_json()
+    for k in ("steps", "device"):
+        d.pop(k)
+    digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+    retraction = config.retraction if config.head == "pit" else "none"
+    return (f"{config.precision}-{retraction}-{adversary_label(config.adversary)}-{config.head}-"
+            f"{config.vocab}x{config.dim}-{config.optimizer}-lr{config.lr:g}-seed{config.seed}-{digest}")
+
+
+def cells(grid: Grid) -> list[Cell]:
+    """Every cell of the grid, in axis order; baseline heads (no retraction) appear once per precision."""
+    from .gradients import AdversaryParams
+    from .trajectory import RunConfig
+
+    fixed = dict(grid.fixed)
+    params = fixed.pop("adversary_params", {})
+    if not isinstance(params, dict):
+        raise PitcheckError(f"{grid.source}: [fixed.adversary_params] must be a table")
+    try:
+        params = AdversaryParams(**params)
+    except TypeError:
+        names = ", ".join(f.name for f in fields(AdversaryParams))
+        raise PitcheckError(f"{grid.source}: [fixed.adversary_params] takes {names}, got "
+                            f"{', '.join(sorted(params))}") from None
+    out, seen = [], set()
+    for combo in itertools.product(*(grid.axes[a] for a in AXES)):
+        a = dict(zip(AXES, combo))
+        vocab, dim = parse_shape(a["shape"])
+        backend = fixed.get("backend") or ("numpy" if a["precision"] == "fp64" else "torch")
+        retraction = a["retraction"] if a["head"] == "pit" else RunConfig.retraction
+        try:
+            config = RunConfig(**{**fixed, "backend": backend}, precision=a["precision"], retraction=retraction,
+                               adversary=adversary_spec(a["adversary"]), optimizer=a["optimizer"], lr=a["lr"],
+                               head=a["head"], vocab=vocab, dim=dim, seed=a["seed"], steps=grid.steps,
+                               records_per_decade=grid.records_per_decade, adversary_params=params)
+            config.validate()
+        except TypeError as exc:
+            raise PitcheckError(f"{grid.source}: {exc}") from None
+        except PitcheckError as exc:
+            raise PitcheckError(f"{grid.source}: {exc}") from None
+        name = cell_name(config)
+        if name in seen:
+            continue
+        seen.add(name)
+        group = (a["retraction"] if a["head"] == "pit" else "-", a["precision"], a["adversary"], a["optimizer"],
+                 a["lr"], a["head"], vocab, dim)
+        out.append(Cell(name, config, group))
+    return out
+
+
+# ---- one cell (in a worker) -----------------------------------------------------------------------
+def time_steps(config, steps: int = COST_STEPS, warmup: int = COST_WARMUP) -> float:
+    """Milliseconds per optimizer step of this cell's model alone (retraction included; no shadow, no
+    metrics, gradients drawn beforehand): the median over `steps` timed steps after `warmup`."""
+    import numpy as np
+
+    from .gradients import parse_adversary
+    from .policy import get_policy
+    from .trajectory import initial_state, make_engine
+
+    engine = make_engine(config, config.backend, get_policy(config.precision), config.device)
+    engine.initialise(*initial_state(config))
+    names = parse_adversary(config.adversary)
+    grads = [engine.gradients([n for n in names if n != "adaptive"] or ["gaussian"], config.seed, k,
+                              config.adversary_params) for k in range(steps + warmup)]
+    times = []
+    sync = None
+    if engine.backend == "torch" and engine.device.startswith("cuda"):
+        import torch
+
+        sync = torch.cuda.synchronize
+    for k, g in enumerate(grads):
+        t0 = time.perf_counter()
+        engine.step(g, k)
+        if sync:
+            sync()
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
+def run_cell(task: dict) -> dict:
+    """Run (or resume) one cell and time its step; never raises for the cell's own failures."""
+    from .rundir import write_atomic
+    from .trajectory import RunBreakdown, RunConfig, run
+
+    config = RunConfig.from_json(task["config"])
+    result = {"name": task["name"], "status": "done", "error": None, "seconds": 0.0}
+    t0 = time.perf_counter()
+    try:
+        try:
+            run(config, task["dir"], resume=not task["force"], progress=False, force=task["force"])
+        except RunBreakdown:
+            result["status"] = "breakdown"
+        seconds = time.perf_counter() - t0
+        ms = time_steps(config)
+        cost = {"ms_per_step": ms, "run_seconds": seconds, "pid": os.getpid(), "host": platform.node()}
+        write_atomic(task["cost"], (json.dumps(cost, indent=1) + "\n").encode())
+    except PitcheckError as exc:
+        result.update(status="error", error=str(exc))
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+# ---- the sweep ------------------------------------------------------------------------------------
+def cell_dir(out: Path, cell: Cell) -> Path:
+    return out / "cells" / cell.name
+
+
+def cost_path(out: Path, cell: Cell) -> Path:
+    return out / "costs" / f"{cell.name}.json"
+
+
+def finished(out: Path, cell: Cell) -> bool:
+    """True when the cell's directory holds this very run to its last step (or to its breakdown) and its
+    cost was measured: nothing to compute. Anything else is left to the run, which resumes or refuses."""
+    from .rundir import read_events, read_manifest, read_metrics
+
+    d = cell_dir(out, cell)
+    if not (d / "manifest.json").is_file() or not cost_path(out, cell).is_file():
+        return False
+    if (d / "commit.json.tmp").exists() or any(d.glob("*.staged")):
+        return False  # a cut commit: the run's store finishes or discards it
+    try:
+        theirs = read_manifest(d / "manifest.json")["config"]
+        mine = cell.config.to_json()
+        if any(theirs.get(k) != v for k, v in mine.items() if k != "device"):
+            return False
+        rows = read_metrics(d / "metrics.csv")
+        events = read_events(d / "events.jsonl")
+    except PitcheckError:
+        return False
+    if not rows:
+        return False
+    return rows[-1]["step"] == cell.config.steps or bool(events and events[-1]["event"] == "breakdown")
+
+
+class SweepProgress:
+    """cells done/total and the ETA, on one line of stderr (only on a terminal)."""
+
+    def __init__(self, total: int, done: int, enabled: bool | None = None):
+        self.total, self.done, self.start_done = total, done, done
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.t0 = time.monotonic()
+
+    def draw(self, last: str = "") -> None:
+        if not self.enabled:
+            return
+        frac = self.done / self.total if self.total else 1.0
+        computed = self.done - self.start_done
+        elapsed = time.monotonic() - self.t0
+        if computed and self.done < self.total:
+            eta = _hms(elapsed / computed * (self.total - self.done))
+        else:
+            eta = "--:--" if self.done < self.total else _hms(elapsed)
+        label = "ETA" if self.done < self.total else "took"
+        line = f"\rcompare [{'#' * int(30 * frac):<30}] {self.done}/{self.total} cells  {label} {eta}  {last[:40]}"
+        sys.stderr.write(line.ljust(110))
+        if self.done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def advance(self, name: str) -> None:
+        self.done += 1
+        self.draw(name)
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | None = None,
+          address: str | None = None, force: bool = False, progress: bool | None = None) -> dict:
+    """Run every cell of the grid that is not finished (all of them with `force`), then summarise.
+
+    Returns {"rows": summary rows, "cells": n, "computed": n, "wall_seconds": s, "cell_seconds": s,
+    "errors": [...]}. A cell that breaks down is a result (its row says so); a cell that cannot run at
+    all (a directory it must not touch, say) is an error, and the sweep raises after the others finish.
+    """
+    from .executors import execute
+    from .rundir import check_out_path, write_atomic
+
+    out = check_out_path(out)
+    all_cells = cells(grid)
+    todo = all_cells if force else [c for c in all_cells if not finished(out, c)]
+    try:
+        (out / "cells").mkdir(parents=True, exist_ok=True)
+        (out / "costs").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise PitcheckError(f"cannot create {out}: {exc.strerror or exc}") from None
+    write_atomic(out / "grid.json", (json.dumps(grid.to_json(), indent=1) + "\n").encode())
+    gpu_cells = _gpu_cells(todo) if executor == "ray" else set()
+    tasks = [{"name": c.name, "config": c.config.to_json(), "dir": str(cell_dir(out, c)),
+              "cost": str(cost_path(out, c)), "force": force, "gpu": c.name in gpu_cells} for c in todo]
+    bar = SweepProgress(len(all_cells), len(all_cells) - len(todo), progress)
+    bar.draw()
+    results = []
+
+    def on_result(result: dict) -> None:
+        results.append(result)
+        bar.advance(result["name"])
+
+    t0 = time.perf_counter()
+    execute(executor, tasks, on_result, workers=workers, address=address)
+    wall = time.perf_counter() - t0
+    errors = [r for r in results if r["status"] == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more cells)" if len(errors) > 1 else ""
+        raise PitcheckError(f"cell {errors[0]['name']}: {errors[0]['error']}{more}")
+    rows = summarise(out, grid, all_cells)
+    write_atomic(out / "summary.csv", summary_csv(rows))
+    timing = {"executor": executor, "workers": workers, "cells": len(all_cells), "computed": len(todo),
+              "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
+    return {"rows": rows, **timing}
+
+
+def _gpu_cells(todo: list[Cell]) -> set[str]:
+    """Cells that will run on CUDA: device 'cuda', or 'auto' on the torch backend when the cluster has GPUs."""
+    names = {c.name for c in todo if c.config.device.startswith("cuda")}
+    auto = [c for c in todo if c.config.device == "auto" and c.config.backend == "torch"]
+    if auto:
+        import ray
+
+        if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0:
+            names |= {c.name for c in auto}
+    return names
+
+
+# ---- the summary ----------------------------------------------------------------------------------
+def storage_floor(precision: str, vocab: int, dim: int) -> float:
+    """||Q^T Q - I||_F of an exactly orthonormal V x D Q rounded to the format Z is stored in (median of
+    FLOOR_SAMPLES seeded Q's): no retraction can keep Z closer to the manifold than this."""
+    import numpy as np
+
+    from .formats import FORMATS, round_to
+    from .metrics import orthonormality_loss
+    from .policy import get_policy
+
+    fmt = FORMATS[get_policy(precision).storage]
+    values = []
+    for seed in range(FLOOR_SAMPLES):
+        rng = np.random.default_rng([seed, vocab, dim, 7])
+        Q, R = np.linalg.qr(rng.standard_normal((vocab, dim)))
+        Q = Q * np.where(np.diag(R) < 0, -1.0, 1.0)
+        values.append(orthonormality_loss(Q if fmt.name == "fp64" else round_to(Q, fmt)))
+    return float(np.median(values))
+
+
+def growth_fit(runs: list[list[dict]], steps: int, metric: str = "orthonormality") -> tuple[float, float]:
+    """Slope of log(metric) against log(step) over steps sqrt(N)..N, one intercept per run (seed), and
+    the slope's standard error; NaN when fewer than 3 usable points (or no spread in step)."""
+    import numpy as np
+
+    lo = math.sqrt(steps)
+    sxy = sxx = 0.0
+    resid_data = []
+    for rows in runs:
+        pts = [(math.log(r["step"]), math.log(r[metric])) for r in rows
+               if r["step"] >= max(lo, 1) and math.isfinite(r[metric]) and r[metric] > 0]
+        if len(pts) < 2:
+            continue
+        x, y = np.array(pts).T
+        xc, yc = x - x.mean(), y - y.mean()
+        sxy += float(xc @ yc)
+        sxx += float(xc @ xc)
+        resid_data.append((xc, yc))
+    n = sum(len(xc) for xc, _ in resid_data)
+    if n < 3 or sxx <= 0:
+        return float("nan"), float("nan")
+    slope = sxy / sxx
+    dof = n - len(resid_data) - 1
+    rss = sum(float(((yc - slope * xc) ** 2).sum()) for xc, yc in resid_data)
+    err = math.sqrt(rss / dof / sxx) if dof > 0 else float("nan")
+    return slope, err
+
+
+def _median(values):
+    import numpy as np
+
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.median(vals)) if vals else float("nan")
+
+
+def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
+    """One row per group of cells that differ only in the seed."""
+    from .formats import FORMATS
+    from .policy import get_policy
+    from .rundir import read_events, read_metrics
+
+    groups: dict[tuple, list[Cell]] = {}
+    for c in all_cells:
+        groups.setdefault(c.group, []).append(c)
+    floors: dict[tuple, float] = {}
+    rows = []
+    for group, members in groups.items():
+        retraction, precision, adversary, optimizer, lr, head, vocab, dim = group
+        runs, events, costs, broke = [], 0, [], 0
+        for c in members:
+            runs.append(read_metrics(cell_dir(out, c) / "metrics.csv"))
+            evs = read_events(cell_dir(out, c) / "events.jsonl")
+            events += sum(1 for e in evs if e["event"] not in ("threshold_crossed", "breakdown"))
+            broke += any(e["event"] == "breakdown" for e in evs)
+            try:
+                costs.append(json.loads(cost_path(out, c).read_text())["ms_per_step"])
+            except (OSError, ValueError, KeyError):
+                pass
+        finals = [r[-1]["orthonormality"] for r in runs]
+        key = (get_policy(precision).storage, vocab, dim)
+        if key not in floors:
+            floors[key] = storage_floor(precision, vocab, dim)
+        slope, err = growth_fit(runs, grid.steps)
+        policy = get_policy(precision)
+        factor_u = FORMATS[policy.factor].u
+        bounds = [r[-1]["cond_T"] * (r[-1]["orthonormality"] + factor_u) for r in runs]
+        row = {
+            "retraction": retraction, "precision": precision, "adversary": adversary, "optimizer": optimizer,
+            "lr": lr, "head": head, "vocab": vocab, "dim": dim, "steps": grid.steps, "seeds": len(members),
+            "final_orthonormality": _median(finals),
+            "final_orthonormality_min": min(finals), "final_orthonormality_max": max(finals),
+            "max_orthonormality": max(x["orthonormality"] for r in runs for x in r),
+            "growth_exponent": slope, "growth_exponent_err": err,
+            "final_pinv_drift": _median(r[-1]["pinv_drift"] for r in runs),
+            "drift_bound": _median(bounds),
+            "max_cond_T": max(x["cond_T"] for r in runs for x in r),
+            "shadow_Z": _median(r[-1]["shadow_Z"] for r in runs),
+            "ms_per_step": _median(costs),
+            "floor": floors[key],
+            "events": events, "breakdowns": broke,
+        }
+        row["error_over_floor"] = row["final_orthonormality"] / row["floor"]
+        rows.append(row)
+    return rows
+
+
+def _cell_text(value) -> str:
+    if isinstance(value, float):
+        return "" if not math.isfinite(value) else repr(value)
+    return str(value)
+
+
+def summary_csv(rows: list[dict]) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SUMMARY_COLUMNS)
+    for row in rows:
+        w.writerow([_cell_text(row[k]) for k in SUMMARY_COLUMNS])
+    return buf.getvalue().encode()
+
+
+def read_summary(path: Path | str) -> list[dict]:
+    text = Path(path).read_text()
+    rows = []
+    for raw in csv.DictReader(io.StringIO(text)):
+        row = {}
+        for k, v in raw.items():
+            if k in ("retraction", "precision", "adversary", "optimizer", "head"):
+                row[k] = v
+            elif k in ("vocab", "dim", "steps", "seeds", "events", "breakdowns"):
+                row[k] = int(v)
+            else:
+                row[k] = float(v) if v else float("nan")
+        rows.append(row)
+    return rows
+
+
+# ---- the verdict ----------------------------------------------------------------------------------
+def judge(row: dict) -> tuple[bool, str]:
+    """(unsafe, why) for one summary row."""
+    reasons = []
+    if row["breakdowns"]:
+        reasons.append(f"broke down in {row['breakdowns']} of {row['seeds']} seeds")
+    g = row["growth_exponent"]
+    if math.isfinite(g) and g >= BOUNDED_GROWTH:
+        reasons.append(f"error grows like k^{g:.2f}")
+    if not math.isfinite(row["final_orthonormality"]):
+        reasons.append("non-finite error")
+    return bool(reasons), "; ".join(reasons)
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    """Per precision: the recommended retraction and why, and the unsafe combinations.
+
+    A retraction is unsafe in a precision when, in any row of that precision (adversary, head, shape...),
+    it broke down or its error grows (growth exponent >= BOUNDED_GROWTH). Among the safe ones its error
+    is its worst final ||Z^T Z - I||_F / floor over those rows; the most accurate wins, unless a cheaper
+    one is within ACCURACY_TIE of its error, in which case the cheapest of those wins.
+    """
+    out = []
+    precisions = list(dict.fromkeys(r["precision"] for r in rows))
+    for p in precisions:
+        prow = [r for r in rows if r["precision"] == p and r["head"] == "pit"]
+        by_ret: dict[str, list[dict]] = {}
+        for r in prow:
+            by_ret.setdefault(r["retraction"], []).append(r)
+        unsafe, safe = [], []
+        for ret, rs in by_ret.items():
+            bad = [(r, why) for r in rs for bad_, why in [judge(r)] if bad_]
+            if bad:
+                r, why = max(bad, key=lambda b: b[0]["growth_exponent"] if math.isfinite(b[0]["growth_exponent"])
+                             else math.inf)
+                where = f" ({r['adversary']})" if len({x['adversary'] for x in rs}) > 1 else ""
+                unsafe.append({"retraction": ret, "why": why + where})
+            else:
+                worst = max(rs, key=lambda r: r["error_over_floor"])
+                safe.append({"retraction": ret, "ratio": worst["error_over_floor"], "row": worst,
+                             "growth": max(r["growth_exponent"] for r in rs),
+                             "growth_err": max(r["growth_exponent_err"] for r in rs),
+                             "ms": _median(r["ms_per_step"] for r in rs)})
+        best = None
+        if safe:
+            top = min(s["ratio"] for s in safe)
+            tied = [s for s in safe if s["ratio"] <= ACCURACY_TIE * top]
+            best = min(tied, key=lambda s: (s["ms"] if math.isfinite(s["ms"]) else math.inf, s["ratio"]))
+            best["because"] = ("the most accurate" if best["ratio"] == top and len(tied) == 1 else
+                               "the most accurate, and the cheapest of those within "
+                               f"{ACCURACY_TIE:g}x of it" if best["ratio"] == top else
+                               f"within {ACCURACY_TIE:g}x of the most accurate and the cheapest of those")
+        out.append({"precision": p, "best": best, "safe": safe, "unsafe": unsafe})
+    return out
+
+
+def verdict_lines(rows: list[dict]) -> list[str]:
+    lines = ["| precision | recommended | why | unsafe |", "|---|---|---|---|"]
+    for v in verdicts(rows):
+        b = v["best"]
+        if b:
+            why = (f"{b['because']}: error {b['ratio']:.2g}x the storage floor, growth exponent "
+                   f"{b['growth']:+.2f} ± {b['growth_err']:.2f}, {b['ms']:.3g} ms/step")
+            rec = f"**{b['retraction']}**"
+        else:
+            rec, why = "none", "every retraction tried is unsafe here"
+        unsafe = "; ".join(f"{u['retraction']} ({u['why']})" for u in v["unsafe"]) or "none"
+        lines.append(f"| {v['precision']} | {rec} | {why} | {unsafe} |")
+    return lines
+
+
+# ---- the report -----------------------------------------------------------------------------------
+def _fmt(x, spec=".2e") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    multi = {k for k in ("adversary", "optimizer", "lr", "head", "vocab", "dim")
+             if len({r[k] for r in rows}) > 1}
+    keys = ["precision", "retraction"] + [k for k in ("adversary", "optimizer", "lr", "head", "vocab", "dim")
+                                          if k in multi]
+    head = keys + ["final ‖ZᵀZ-I‖ (min-max)", "floor", "x floor", "growth exp.", "pinv drift",
+                   "drift bound", "max cond T", "shadow Z", "ms/step", "events", "breakdowns"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r[k]) if not isinstance(r[k], float) else f"{r[k]:g}" for k in keys]
+        cells += [f"{_fmt(r['final_orthonormality'])} ({_fmt(r['final_orthonormality_min'], '.1e')}-"
+                  f"{_fmt(r['final_orthonormality_max'], '.1e')})",
+                  _fmt(r["floor"], ".1e"), _fmt(r["error_over_floor"], ".3g"),
+                  f"{_fmt(r['growth_exponent'], '+.2f')} ± {_fmt(r['growth_exponent_err'], '.2f')}",
+                  _fmt(r["final_pinv_drift"]), _fmt(r["drift_bound"]), _fmt(r["max_cond_T"], ".3g"),
+                  _fmt(r["shadow_Z"]), _fmt(r["ms_per_step"], ".3g"), str(r["events"]), str(r["breakdowns"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def machine_lines() -> list[str]:
+    from .executors import available_cores
+    from .trajectory import versions
+
+    v = versions()
+    return [f"- machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
+            f"{available_cores()} cores",
+            "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val is not None)]
+
+
+def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
+    """report.md: the verdict first, then the table, the floors and bounds, the machine, the plots."""
+    rows = info["rows"]
+    g = grid
+    axes = ", ".join(f"{k} {'/'.join(str(v) for v in vals)}" for k, vals in g.axes.items())
+    lines = [
+        f"# pitcheck compare: which retraction, in which precision, at what cost",
+        "",
+        f"{g.description or g.source}. {g.steps} steps per cell, {len(cells(g))} cells ({axes}).",
+        "",
+        "## Verdict",
+        "",
+        f"Per precision, among the retractions that neither broke down nor let the error grow (growth exponent "
+        f"below {BOUNDED_GROWTH}), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
+        f"row), or the cheapest of those within {ACCURACY_TIE:g}x of it.",
+        "",
+        *verdict_lines(rows),
+        "",
+        "## Table",
+        "",
+        "One row per cell group, aggregated over seeds: final ||Z^T Z - I||_F (median, min-max over seeds); "
+        "floor = that of an exactly orthonormal Q rounded to the storage format (measured, same shape); "
+        "growth exponent = slope of log error against log step over steps sqrt(N)..N (0 bounded, 0.5 random "
+        "walk, 1 linear) ± its standard error; pinv drift = ||W E - I||_F at the end (median); drift bound = "
+        "cond(T) (||Z^T Z - I||_F + u_factor), the first-order bound W E - I = T (Z^T Z - I) T^{-1} plus the "
+        "solves' cond(T) u; shadow Z = relative distance from the float64 run on the same gradients; ms/step "
+        "= the model's optimizer step alone (retraction included, no shadow or metrics), median of "
+        f"{COST_STEPS} steps, measured in the worker while the others ran; events = skipped steps, overflows, "
+        "failed retractions (threshold crossings not counted).",
+        "",
+        *table_lines(rows),
+        "",
+        "## Floors and bounds",
+        "",
+        "| storage format | u | measured floor ||Q^T Q - I||_F (V x D) | ~sqrt(D(D+1)/2) u (D x D entries of size u) |",
+        "|---|---|---|---|",
+    ]
+    from .formats import FORMATS
+    from .policy import get_policy
+
+    seen = set()
+    for r in rows:
+        fmt = get_policy(r["precision"]).storage
+        key = (fmt, r["vocab"], r["dim"])
+        if key in seen:
+            continue
+        seen.add(key)
+        u = FORMATS[fmt].u
+        est = math.sqrt(r["dim"] * (r["dim"] + 1) / 2) * u
+        lines.append(f"| {fmt} | {u:.3g} | {r['floor']:.2e} ({r['vocab']} x {r['dim']}) | {est:.1e} |")
+    lines += [
+        "",
+        "## How it ran",
+        "",
+        f"- grid: {g.source}; cells: {info['cells']}, computed in this invocation: {info['computed']} "
+        f"(executor {info['executor']}); wall {info['wall_seconds']:.1f} s against {info['cell_seconds']:.1f} s "
+        "of cell time (the serial sum)",
+        *machine_lines(),
+        "",
+        "## Plots",
+        "",
+    ]
+    for p in plots:
+        lines += [f"![{p}]({p})", ""]
+    return "\n".join(lines) + "\n"
+
+
+# ---- plots ----------------------------------------------------------------------------------------
+PRECISION_COLOURS = {"fp64": "#1f77b4", "fp32": "#2ca02c", "tf32": "#17becf", "bf16": "#d62728",
+                     "bf16-mixed": "#ff7f0e", "fp16": "#9467bd", "fp16-mixed": "#8c564b"}
+RETRACTION_STYLES = {"qr": ("#1f77b4", "o"), "polar": ("#2ca02c", "s"), "polar-gram": ("#17becf", "D"),
+                     "polar-ns": ("#bcbd22", "v"), "cholqr": ("#9467bd", "^"), "cayley": ("#d62728", "P"),
+                     "cayley-iter": ("#ff7f0e", "X"), "none": ("#7f7f7f", "x"), "-": ("#7f7f7f", "x")}
+
+
+def curves(out: Path, all_cells: list[Cell]) -> dict:
+    """group -> (steps, median, min, max) of ||Z^T Z - I||_F over the seeds, on the steps all seeds have."""
+    import numpy as np
+
+    from .rundir import read_metrics
+
+    by_group: dict[tuple, list] = {}
+    for c in all_cells:
+        by_group.setdefault(c.group, []).append(read_metrics(cell_dir(out, c) / "metrics.csv"))
+    result = {}
+    for group, runs in by_group.items():
+        n = min(len(r) for r in runs)
+        steps = np.array([max(r["step"], 1) for r in runs[0][:n]])
+        vals = np.array([[x["orthonormality"] for x in r[:n]] for r in runs])
+        result[group] = (steps, np.median(vals, 0), vals.min(0), vals.max(0))
+    return result
+
+
+def _save(plt, fig, out: Path, stem: str) -> list[str]:
+    from .rundir import write_atomic
+
+    names = []
+    for ext in ("png", "svg"):
+        buf = io.BytesIO()
+        meta = {"Date": None} if ext == "svg" else {"Software": None}
+        fig.savefig(buf, format=ext, dpi=110, metadata=meta)
+        write_atomic(out / f"{stem}.{ext}", buf.getvalue())
+        names.append(f"{stem}.{ext}")
+    plt.close(fig)
+    return names
+
+
+def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
+    """growth.{png,svg}, retractions.{png,svg}, cost.{png,svg} in out; returns the PNG names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    plt.rcParams["svg.hashsalt"] = "pitcheck"  # the same plot, the same SVG bytes
+    all_cells = cells(grid)
+    data = curves(out, all_cells)
+    by_key = {(r["retraction"], r["precision"], r["adversary"], r["optimizer"], r["lr"], r["head"], r["vocab"],
+               r["dim"]): r for r in rows}
+    # the plots show the first value of every axis but retraction, precision and adversary
+    first = {k: grid.axes[k][0] for k in ("optimizer", "lr", "head")}
+    shape = parse_shape(grid.axes["shape"][0])
+    retractions = [r for r in grid.axes["retraction"]] if first["head"] == "pit" else ["-"]
+    precisions, adversaries = grid.axes["precision"], grid.axes["adversary"]
+
+    def key(ret, prec, adv):
+        return (ret, prec, adv, first["optimizer"], first["lr"], first["head"], *shape)
+
+    names = []
+    fixed_note = (f"{first['optimizer']} lr={first['lr']:g}, head {first['head']}, V x D = {shape[0]} x {shape[1]}, "
+                  f"{grid.steps} steps; median over seeds, band = min-max")
+    # 1. error growth across precisions: one panel per retraction (rows: adversaries)
+    fig, axes = plt.subplots(len(adversaries), len(retractions), figsize=(3.4 * len(retractions) + 0.6,
+                             3.0 * len(adversaries) + 0.9), sharex=True, sharey=True, squeeze=False)
+    for i, adv in enumerate(adversaries):
+        for j, ret in enumerate(retractions):
+            ax = axes[i][j]
+            for prec in precisions:
+                k = key(ret, prec, adv)
+                if k not in data:
+                    continue
+                steps, med, lo, hi = data[k]
+                row = by_key[k]
+                colour = PRECISION_COLOURS.get(prec)
+                slope = row["growth_exponent"]
+                label = (f"{prec}: k^{slope:.2f}±{row['growth_exponent_err']:.2f}" if math.isfinite(slope)
+                         else prec)
+                ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label)
+                ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
+                ax.axhline(row["floor"], color=colour, ls="--", lw=0.8)
+            ax.set_title(f"{ret}" + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
+            if j == 0:
+                ax.set_ylabel("||Z^T Z - I||_F")
+            if i == len(adversaries) - 1:
+                ax.set_xlabel("step (0 drawn at 1)")
+            ax.legend(fontsize=6, loc="upper left", title="fitted growth", title_fontsize=6)
+            ax.grid(True, which="major", alpha=0.3)
+    fig.suptitle("Orthonormality error across precisions (dashed: storage floor of each precision)\n" + fixed_note,
+                 fontsize=9)
+    fig.tight_layout()
+    names += _save(plt, fig, out, "growth")
+
+    # 2. retractions per precision: one panel per precision (rows: adversaries)
+    fig, axes = plt.subplots(len(adversaries), len(precisions), figsize=(3.2 * len(precisions) + 0.6,
+                             3.0 * len(adversaries) + 0.9), sharex=True, squeeze=False)
+    for i, adv in enumerate(adversaries):
+        for j, prec in enumerate(precisions):
+            ax = axes[i][j]
+            floor = None
+            for ret in retractions:
+                k = key(ret, prec, adv)
+                if k not in data:
+                    continue
+                steps, med, lo, hi = data[k]
+                colour, marker = RETRACTION_STYLES.get(ret, (None, "."))
+                ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.2, label=ret)
+                ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
+                floor = by_key[k]["floor"]
+            if floor is not None:
+                ax.axhline(floor, color="black", ls="--", lw=0.8)
+                ax.text(1, floor, " floor", va="bottom", fontsize=7)
+            ax.set_title(prec + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
+            if j == 0:
+                ax.set_ylabel("||Z^T Z - I||_F")
+            if i == len(adversaries) - 1:
+                ax.set_xlabel("step (0 drawn at 1)")
+            ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Retractions per precision\n" + fixed_note, fontsize=9)
+    fig.tight_layout()
+    names += _save(plt, fig, out, "retractions")
+
+    # 3. cost against accuracy: every pit row, colour = precision, marker = retraction
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for r in rows:
+        if not (math.isfinite(r["ms_per_step"]) and math.isfinite(r["error_over_floor"])):
+            continue
+        colour = PRECISION_COLOURS.get(r["precision"])
+        marker = RETRACTION_STYLES.get(r["retraction"], (None, "."))[1]
+        unsafe = judge(r)[0]
+        ax.scatter(r["ms_per_step"], r["error_over_floor"], color=colour, marker=marker, s=45,
+                   facecolors="none" if unsafe else colour, linewidths=1.2)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=PRECISION_COLOURS.get(p), marker="o", ls="", label=p) for p in precisions]
+    handles += [Line2D([], [], color="black", marker=RETRACTION_STYLES.get(r, (None, "."))[1], ls="", label=r)
+                for r in retractions]
+    handles.append(Line2D([], [], color="black", marker="o", ls="", markerfacecolor="none",
+                          label="hollow: unsafe (grows\nor broke down)"))
+    ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axhline(1, color="grey", ls="--", lw=0.8)
+    ax.set_xlabel("ms per optimizer step (retraction included)")
+    ax.set_ylabel("final ||Z^T Z - I||_F / storage floor")
+    ax.set_title(f"Cost against accuracy (every row; {grid.steps} steps)", fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    names += _save(plt, fig, out, "cost")
+    return [n for n in names if n.endswith(".png")]
+
+
+def render(out: Path | str, grid: Grid, info: dict) -> None:
+    """summary.csv is written by the sweep; this writes report.md and the plots from the cells on disk."""
+    from .rundir import write_atomic
+
+    out = Path(out)
+    plots = plot_sweep(out, grid, info["rows"])
+    write_atomic(out / "report.md", report_markdown(out, grid, info, plots).encode())
+
+
+def compare(out: Path | str, grid: Grid, executor: str = "local", workers: int | None = None,
+            address: str | None = None, force: bool = False, progress: bool | None = None) -> dict:
+    """Sweep the grid into out (resuming), then write summary.csv, report.md and the plots."""
+    info = sweep(out, grid, executor, workers, address, force, progress)
+    render(out, grid, info)
+    return info
+
+
+# ---- the command line (wired into cli.py's `compare` verb) ------------------------------------------
+def add_compare_options(c) -> None:
+    from .executors import EXECUTORS
+
+    c.add_argument("--config", default=None, metavar="FILE.toml", help="grid file (default: the built-in grid)")
+    c.add_argument("--quick", action="store_true", help="the built-in quick grid (under 2 minutes on 2 cores)")
+    c.add_argument("--executor", default="local", choices=EXECUTORS,
+                   help="local process pool (default) or a Ray cluster")
+    c.add_argument("--workers", type=int, default=None, help="local: processes (default: every core); "
+                   "ray without --address: CPUs of the local runtime")
+    c.add_argument("--address", default=None, help="Ray cluster address (default: start a local runtime)")
+    c.add_argument("--retractions", default=None, help="override the grid's retraction axis (comma-separated)")
+    c.add_argument("--precisions", default=None, help="override the grid's precision axis (comma-separated)")
+    c.add_argument("--adversaries", default=None,
+                   help="override the adversary axis (comma-separated; '+' sums models, e.g. dense_output+sparse_input)")
+    c.add_argument("--seeds", default=None, help="override the seed axis (comma-separated integers)")
+    c.add_argument("--shapes", default=None, help="override the shape axis (comma-separated VxD)")
+    c.add_argument("--steps", type=int, default=None, help="override the grid's steps")
+    c.add_argument("--out", default="results/compare")
+    c.add_argument("--force", action="store_true", help="recompute every cell instead of resuming")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _list(value: str | None, what: str, cast=str):
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",")]
+    if not items or any(not v for v in items):
+        raise PitcheckError(f"{what} must be a comma-separated list, got {value!r}")
+    try:
+        return [cast(v) for v in items]
+    except ValueError:
+        raise PitcheckError(f"{what} must be a comma-separated list of integers, got {value!r}") from None
+
+
+def grid_from_args(args) -> Grid:
+    grid = load_grid(args.config, args.quick)
+    over = {"retraction": _list(args.retractions, "--retractions"),
+            "precision": _list(args.precisions, "--precisions"),
+            "adversary": _list(args.adversaries, "--adversaries"),
+            "seed": _list(args.seeds, "--seeds", int), "shape": _list(args.shapes, "--shapes"),
+            "steps": args.steps}
+    return override(grid, **over) if any(v is not None for v in over.values()) else grid
+
+
+def main_compare(args) -> int:
+    """The `compare` verb: prints the verdict and the table; 0, or 1 when a cell broke down."""
+    progress = False if args.no_progress else None
+    grid = grid_from_args(args)
+    info = compare(args.out, grid, args.executor, args.workers, args.address, args.force, progress)
+    rows = info["rows"]
+    print("\n".join(verdict_lines(rows)))
+    print()
+    print("\n".join(table_lines(rows)))
+    print(f"\n{info['cells']} cells ({info['computed']} computed; wall {info['wall_seconds']:.1f} s, cell time "
+          f"{info['cell_seconds']:.1f} s) -> {args.out}/summary.csv, {args.out}/report.md, plots in {args.out}")
+    broken = [f"{r['precision']}-{r['retraction']}" for r in rows if r["breakdowns"]]
+    if broken:
+        print(f"pitcheck: breakdown: {', '.join(broken)} broke down in some seeds (kept as results)", file=sys.stderr)
+        return 1
+    return 0
