@@ -19,6 +19,7 @@ def _add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: in
     from .engine import OPTIMIZERS
     from .gradients import GRADIENT_MODELS
     from .trajectory import RunConfig as DEFAULTS  # the dataclass's defaults, as class attributes
+
     p.add_argument("--adversary", default=DEFAULTS.adversary,
                    help=f"comma-separated gradient models, summed: {', '.join(GRADIENT_MODELS)}")
     p.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)

@@ -86,6 +86,10 @@ def check_ids(ids, vocab: int) -> np.ndarray:
 def embed(Z: np.ndarray, L: np.ndarray, ids) -> np.ndarray:
     """Embedding rows e_v = T^{-1} z_v for the given token ids, by two triangular solves."""
     ids = check_ids(ids, Z.shape[0])
+    diag = np.diag(L)
+    # a zero or non-finite pivot would make the solves divide by zero or spread NaN: say so instead
+    if L.shape != (Z.shape[1], Z.shape[1]) or not (np.isfinite(L).all() and (diag > 0).all()):
+        raise PitcheckError(f"L must be a finite {Z.shape[1]} x {Z.shape[1]} factor with a positive diagonal")
     rhs = Z[ids].T  # D x B
     y = scipy.linalg.solve_triangular(L, rhs, lower=True, check_finite=False)
     return scipy.linalg.solve_triangular(L, y, lower=True, trans="T", check_finite=False).T

@@ -139,3 +139,11 @@ def test_arbitrary_arrays_give_an_error_or_finite_values_and_never_hang():
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("no uncaught exception") == 4
+
+
+@pytest.mark.parametrize("pivot", [0.0, -1.0, np.nan])
+def test_the_reference_embedding_refuses_a_singular_factor_before_solving(pivot):
+    Z, L = pit_pair(20, 3, 1.0)
+    L[1, 1] = pivot
+    with pytest.raises(PitcheckError, match="positive diagonal"):
+        reference.embed(Z, L, [0, 1])
