@@ -1,27 +1,40 @@
+"""pitcheck's own drift stress suite (stress/*.toml), run through the same code as `pitcheck stress`."""
 import pytest
 
-from pitcheck.trajectory import read_events, run
-from stress.scenarios import SCENARIOS
+from pitcheck import stress
+
+SCENARIOS = stress.load_scenarios()
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+@pytest.fixture(scope="module", autouse=True)
+def _pinned():
+    from pitcheck.bench import pin_threads
+
+    pin_threads(1)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.id)
 def test_scenario(scenario, tmp_path):
-    rows = run(scenario.config, tmp_path)
-    failures = scenario.check(rows, read_events(tmp_path / "events.jsonl"))
-    assert not failures, f"{scenario.name}: {'; '.join(failures)} ({scenario.why})"
+    if scenario.requires == "cuda" and not stress.cuda_available():
+        pytest.skip("needs CUDA")
+    result = stress.run_scenario(scenario, tmp_path / "run")
+    broken = [c.message for c in result.checks if not c.held] + result.errors
+    assert not broken, f"{scenario.id}: {'; '.join(broken)} (budget from {scenario.source}: {scenario.why})"
 
 
-def test_checks_fail_on_the_opposite_run(tmp_path):
-    # each kind of check must be able to fail: feed the flat check a growing run and vice versa
-    by_name = {s.name: s for s in SCENARIOS}
-    grows, flat = by_name["fp32-cayley-accumulates"], by_name["fp32-qr-flat"]
-    rising = [{"step": s, "orthonormality": v, "orthonormality_ratio": 1.0} for s, v in ((1, 1e-7), (2, 1e-5))]
-    level = [{"step": s, "orthonormality": v, "orthonormality_ratio": 1.0} for s, v in ((1, 1e-7), (2, 1.1e-7))]
-    off_the_scale = [{**r, "orthonormality_ratio": 100.0} for r in level]
-    assert flat.check(rising, []) and not flat.check(level, []) and flat.check(off_the_scale, [])
-    assert grows.check(level, []) and not grows.check(rising, [])
-    assert by_name["bf16-conditioning-attack-unresolved"].check(level, [])
-    assert by_name["fp64-none-drifts"].check([{"orthonormality": 1e-15}], [])
-    still = [{"step": s, "shadow_Z": 1e-7} for s in (1, 1000)]
-    assert by_name["fp32-qr-wanders-from-fp64"].check(still, [])
-    assert by_name["bf16-storage-floor"].check([{"orthonormality": 1e-7}], [])
+def test_suite_covers_every_retraction_policy_and_adversary():
+    from pitcheck.gradients import GRADIENT_MODELS, parse_adversary
+    from pitcheck.policy import POLICIES
+    from pitcheck.retractions import RETRACTIONS
+
+    configs = [s.config for s in SCENARIOS]
+    assert set(RETRACTIONS) <= {c.retraction for c in configs if c.head == "pit" and c.steps > 0}
+    assert set(POLICIES) <= {c.precision for c in configs}
+    assert set(GRADIENT_MODELS) <= {n for c in configs for n in parse_adversary(c.adversary)}
+    assert {"sgd", "momentum", "adam"} <= {c.optimizer for c in configs}
+    assert {"pit", "tied", "untied"} <= {c.head for c in configs}
+
+
+def test_every_suite_budget_says_where_it_comes_from():
+    for s in SCENARIOS:
+        assert s.source in ("theory", "measured") and s.why, s.id

@@ -1,0 +1,697 @@
+"""Drift stress tests for CI: scenario files (TOML), budgets on the metrics, a table, JSON and JUnit XML.
+
+A scenario file holds one table per scenario: the options of `pitcheck run` (RunConfig's fields), and
+what must hold over the run:
+
+    [scenario.qr-fp32]
+    backend = "torch"
+    precision = "fp32"
+    retraction = "qr"
+    steps = 2000
+    why = "QR re-orthonormalises every step"      # optional: printed with a broken budget
+    source = "theory"                              # where the budgets come from: theory, measured or user
+    [scenario.qr-fp32.budget]                      # ceilings on the worst (largest) recorded value
+    orthonormality = 1e-5
+    pinv_drift = 1e-4
+    [scenario.qr-fp32.budget.growth]               # ceilings on the fitted exponent p of metric ~ step^p
+    orthonormality = 0.25
+    [scenario.qr-fp32.floor]                       # the last recorded value must reach at least this
+    shadow_Z = 1e-6
+    [scenario.qr-fp32.floor.growth]                # the fitted exponent must reach at least this
+    shadow_Z = 0.3
+
+Scenario keys besides the run options: why, source, requires ("cuda": skipped without a GPU),
+require_events and forbid_events (event names of events.jsonl), adversary_params (a table).
+Growth exponents are least-squares slopes of log(metric) against log(step) over the recorded steps
+from step 1 (step 0 is the float64 start rounded to the storage format, below any retraction's level).
+
+Exit status of `main_stress`: 0 when every budget holds, 1 when any is broken (or a run breaks down),
+2 on bad input (a malformed file, an unknown key, a budget on an unknown metric), the file and the
+key or line named in a one-line error, before any run starts.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import math
+import re
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from .errors import PitcheckError
+
+__all__ = ["Check", "Scenario", "ScenarioResult", "StressInputError", "load_scenarios", "run_scenario",
+           "run_scenarios", "suite_files", "table", "junit_xml", "add_stress_parser", "main_stress"]
+
+SUITE_DIR = Path(__file__).resolve().parent.parent / "stress"
+SOURCES = ("theory", "measured", "user")
+EVENTS = ("breakdown", "gradient_overflow", "nonfinite_gradient", "nonfinite_metric", "nonfinite_state",
+          "precision_cannot_resolve", "reprojected", "retraction_failed", "threshold_crossed")
+SCENARIO_KEYS = ("why", "source", "requires", "require_events", "forbid_events", "budget", "floor")
+SHADOW_METRICS = ("shadow_Z", "shadow_T")
+
+
+class StressInputError(PitcheckError):
+    """Bad scenario input: the message names the file and the key or line."""
+
+
+def _metric_names() -> list[str]:
+    from .rundir import METRIC_COLUMNS
+
+    return [c for c in METRIC_COLUMNS if c != "step"]
+
+
+def _run_fields() -> dict[str, str]:
+    """RunConfig's options that a scenario may set, with their types ('int', 'float', 'str', 'bool')."""
+    from .trajectory import RunConfig
+
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: getattr(hints[f.name], "__name__", str(hints[f.name])) for f in dataclasses.fields(RunConfig)}
+
+
+@dataclass(frozen=True)
+class Check:
+    metric: str
+    kind: str  # "max" (ceiling on the worst value), "growth" (ceiling on the exponent), "floor", "growth_floor"
+    limit: float
+
+
+@dataclass
+class Scenario:
+    name: str
+    file: str
+    config: object  # RunConfig
+    checks: list[Check]
+    why: str = ""
+    source: str = "user"
+    requires: str = ""
+    require_events: list[str] = field(default_factory=list)
+    forbid_events: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{Path(self.file).stem}::{self.name}"
+
+
+@dataclass
+class CheckResult:
+    check: Check
+    value: float  # the worst value, the fitted exponent, or the last value
+    step: int | None  # where the worst (or last) value was recorded; None for exponents
+    held: bool
+    message: str = ""
+
+    @property
+    def headroom(self) -> str:
+        c, v = self.check, self.value
+        if not math.isfinite(v):
+            return "-"
+        if c.kind in ("growth", "growth_floor"):
+            d = c.limit - v if c.kind == "growth" else v - c.limit
+            return f"{d:+.2f}"
+        if c.kind == "max":
+            return f"{c.limit / v:.3g}x" if v > 0 else "inf"
+        return f"{v / c.limit:.3g}x" if c.limit > 0 else "inf"
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    checks: list[CheckResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # breakdowns and event requirements
+    skipped: str = ""
+    seconds: float = 0.0
+    run_dir: str = ""
+
+    @property
+    def held(self) -> bool:
+        return not self.errors and all(c.held for c in self.checks)
+
+
+# ---------------------------------------------------------------- loading and validating scenario files
+
+def _line_of(text: str, table: list[str], key: str | None = None) -> int | None:
+    """Line number (1-based) of `key` inside the TOML table `table` (or of the table's header)."""
+    want = ".".join(table)
+    header = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")
+    current = None
+    for i, line in enumerate(text.splitlines(), 1):
+        m = header.match(line)
+        if m:
+            current = ".".join(p.strip().strip('"').strip("'") for p in m.group(1).split("."))
+            if key is None and (current == want or current.startswith(want + ".")):
+                return i
+            continue
+        if key is not None and current == want:
+            k = re.match(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_-]+)\s*=", line)
+            if k and k.group(1).strip("\"'") == key:
+                return i
+    return None
+
+
+def _where(path: Path, text: str, table: list[str], key: str | None = None) -> str:
+    line = _line_of(text, table, key)
+    return f"{path}:{line}" if line else str(path)
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _typed(value, kind: str):
+    """value if it has RunConfig's type `kind` (an int is a float too), else None."""
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool):
+        return None
+    if kind == "int":
+        return value if isinstance(value, int) else None
+    if kind == "float":
+        return float(value) if isinstance(value, (int, float)) else None
+    if kind == "str":
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _load_checks(path, text, name, table, key, sub, metrics) -> list[Check]:
+    kind_top, kind_growth = ("max", "growth") if key == "budget" else ("floor", "growth_floor")
+    checks = []
+    base = ["scenario", name, key]
+    if not isinstance(sub, dict):
+        raise StressInputError(f"{_where(path, text, ['scenario', name], key)}: scenario {name!r}: {key} must be "
+                               f"a table of metric = number")
+    for metric, limit in sub.items():
+        if metric == "growth":
+            if not isinstance(limit, dict):
+                raise StressInputError(f"{_where(path, text, base, 'growth')}: scenario {name!r}: {key}.growth must "
+                                       "be a table of metric = exponent")
+            for gm, gl in limit.items():
+                if gm not in metrics:
+                    raise StressInputError(f"{_where(path, text, base + ['growth'], gm)}: scenario {name!r}: "
+                                           f"{key}.growth on unknown metric {gm!r}{_suggest(gm, metrics)}")
+                v = _number(gl)
+                if v is None or not math.isfinite(v):
+                    raise StressInputError(f"{_where(path, text, base + ['growth'], gm)}: scenario {name!r}: "
+                                           f"{key}.growth.{gm} must be a finite number, got {gl!r}")
+                checks.append(Check(gm, kind_growth, v))
+            continue
+        if metric not in metrics:
+            raise StressInputError(f"{_where(path, text, base, metric)}: scenario {name!r}: {key} on unknown metric "
+                                   f"{metric!r}{_suggest(metric, metrics)}")
+        v = _number(limit)
+        if v is None or not (math.isfinite(v) and v > 0):
+            raise StressInputError(f"{_where(path, text, base, metric)}: scenario {name!r}: {key}.{metric} must be a "
+                                   f"positive finite number, got {limit!r}")
+        checks.append(Check(metric, kind_top, v))
+    return checks
+
+
+def load_file(path: Path | str) -> list[Scenario]:
+    """The scenarios of one TOML file, every key checked; StressInputError (file and line named) if not."""
+    from .trajectory import RunConfig
+    from .gradients import AdversaryParams
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StressInputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StressInputError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"at line (\d+)", msg)
+        where = f"{path}:{m.group(1)}" if m else str(path)
+        raise StressInputError(f"{where}: malformed TOML: {msg}") from None
+    for top in doc:
+        if top != "scenario":
+            raise StressInputError(f"{_where(path, text, [top]) if isinstance(doc[top], dict) else _where(path, text, [], top)}"
+                                   f": unknown top-level key {top!r} (a scenario file holds [scenario.NAME] tables)")
+    scenarios = doc.get("scenario", {})
+    if not isinstance(scenarios, dict) or not scenarios:
+        raise StressInputError(f"{path}: no scenarios (a scenario file holds [scenario.NAME] tables)")
+    fields = _run_fields()
+    run_keys = {k: v for k, v in fields.items() if k != "adversary_params"}
+    param_fields = {f.name: f.type if isinstance(f.type, str) else f.type.__name__
+                    for f in dataclasses.fields(AdversaryParams)}
+    allowed = set(run_keys) | set(SCENARIO_KEYS) | {"adversary_params"}
+    metrics = _metric_names()
+    out = []
+    for name, table in scenarios.items():
+        if not isinstance(table, dict):
+            raise StressInputError(f"{_where(path, text, [], 'scenario')}: scenario {name!r} must be a table")
+        here = ["scenario", name]
+        kwargs = {}
+        for key, value in table.items():
+            if key not in allowed:
+                raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: unknown key {key!r}"
+                                       f"{_suggest(key, allowed)}")
+            if key in run_keys:
+                v = _typed(value, run_keys[key])
+                if v is None:
+                    raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key} must be "
+                                           f"{'a' if run_keys[key] != 'int' else 'an'} {run_keys[key]}, got {value!r}")
+                kwargs[key] = v
+        params = table.get("adversary_params", {})
+        if not isinstance(params, dict):
+            raise StressInputError(f"{_where(path, text, here, 'adversary_params')}: scenario {name!r}: "
+                                   "adversary_params must be a table")
+        pkw = {}
+        for key, value in params.items():
+            if key not in param_fields:
+                raise StressInputError(f"{_where(path, text, here + ['adversary_params'], key)}: scenario {name!r}: "
+                                       f"unknown adversary_params key {key!r}{_suggest(key, param_fields)}")
+            v = _typed(value, param_fields[key])
+            if v is None:
+                raise StressInputError(f"{_where(path, text, here + ['adversary_params'], key)}: scenario {name!r}: "
+                                       f"adversary_params.{key} must be a {param_fields[key]}, got {value!r}")
+            pkw[key] = v
+        if pkw:
+            kwargs["adversary_params"] = AdversaryParams(**pkw)
+        config = RunConfig(**kwargs)
+        checks = []
+        for key in ("budget", "floor"):
+            if key in table:
+                checks += _load_checks(path, text, name, table, key, table[key], metrics)
+        why = table.get("why", "")
+        source = table.get("source", "user")
+        requires = table.get("requires", "cuda" if config.device == "cuda" else "")
+        for key, value, ok in (("why", why, isinstance(why, str)),
+                               ("source", source, source in SOURCES),
+                               ("requires", requires, requires in ("", "cuda"))):
+            if not ok:
+                choices = {"why": "a string", "source": "one of " + ", ".join(SOURCES), "requires": '"cuda"'}[key]
+                raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key} must be {choices}, "
+                                       f"got {value!r}")
+        ev = {}
+        for key in ("require_events", "forbid_events"):
+            names = table.get(key, [])
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key} must be a list of "
+                                       "event names")
+            for n in names:
+                if n not in EVENTS:
+                    raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key}: unknown event "
+                                           f"{n!r}{_suggest(n, EVENTS)}; events are {', '.join(EVENTS)}")
+            ev[key] = names
+        if not checks and not ev["require_events"] and not ev["forbid_events"]:
+            raise StressInputError(f"{_where(path, text, here)}: scenario {name!r} has nothing to check: give a "
+                                   "[budget] table (or floor, require_events, forbid_events)")
+        # metrics a run of this config never records: a budget on them could never be judged
+        never = set()
+        if config.backend != "torch" or not config.shadow:
+            never |= set(SHADOW_METRICS)
+        if config.head != "pit":
+            from .heads import PIT_ONLY
+            never |= set(PIT_ONLY)
+        for c in checks:
+            if c.metric in never:
+                raise StressInputError(f"{_where(path, text, here)}: scenario {name!r}: budget on {c.metric}, which "
+                                       f"this run does not record (backend {config.backend}, shadow {config.shadow}, "
+                                       f"head {config.head})")
+        try:
+            config.validate()
+        except PitcheckError as exc:
+            raise StressInputError(f"{_where(path, text, here)}: scenario {name!r}: {exc}") from None
+        out.append(Scenario(name, str(path), config, checks, why, source, requires, ev["require_events"],
+                            ev["forbid_events"]))
+    return out
+
+
+def suite_files() -> list[Path]:
+    """pitcheck's own scenario files (stress/*.toml in the source tree)."""
+    files = sorted(SUITE_DIR.glob("*.toml"))
+    if not files:
+        raise StressInputError(f"pitcheck's own suite is not here ({SUITE_DIR}/*.toml: none); name scenario files")
+    return files
+
+
+def load_scenarios(paths: list[Path | str] | None = None) -> list[Scenario]:
+    """Every scenario of the files (pitcheck's suite when none); names must be unique within a file."""
+    files = [Path(p) for p in paths] if paths else suite_files()
+    out, seen = [], set()
+    for f in files:
+        for s in load_file(f):
+            if s.id in seen:
+                raise StressInputError(f"{f}: scenario {s.name!r} given twice")
+            seen.add(s.id)
+            out.append(s)
+    return out
+
+
+# ---------------------------------------------------------------- judging a run
+
+def growth_exponent(rows: list[dict], metric: str) -> float:
+    """Least-squares slope of log(metric) against log(step) over the rows from step 1 with a positive,
+    finite value; NaN with fewer than two such rows."""
+    pts = [(math.log(r["step"]), math.log(r[metric])) for r in rows
+           if r["step"] >= 1 and math.isfinite(r[metric]) and r[metric] > 0]
+    if len(pts) < 2:
+        return float("nan")
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if sxx == 0:
+        return float("nan")
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+
+def judge(check: Check, rows: list[dict]) -> CheckResult:
+    """One check against a run's metric rows. A NaN (a damaged state) breaks a ceiling."""
+    if not rows:
+        return CheckResult(check, float("nan"), None, False, "no recorded rows")
+    m = check.metric
+    if check.kind == "max":
+        nan = [r for r in rows if math.isnan(r[m])]
+        if nan:
+            return CheckResult(check, float("nan"), nan[0]["step"], False,
+                               f"{m} is NaN at step {nan[0]['step']} (a non-finite state)")
+        worst = max(rows, key=lambda r: r[m])
+        held = worst[m] <= check.limit
+        msg = "" if held else f"{m} reached {worst[m]:.3e} at step {worst['step']}, over its budget {check.limit:.3g}"
+        return CheckResult(check, worst[m], worst["step"], held, msg)
+    if check.kind == "floor":
+        last = rows[-1]
+        held = last[m] >= check.limit  # NaN fails
+        msg = "" if held else f"{m} ended at {last[m]:.3e} (step {last['step']}), below its floor {check.limit:.3g}"
+        return CheckResult(check, last[m], last["step"], held, msg)
+    p = growth_exponent(rows, m)
+    if math.isnan(p):
+        return CheckResult(check, p, None, False, f"{m}: too few positive recorded values from step 1 to fit growth")
+    held = p <= check.limit if check.kind == "growth" else p >= check.limit
+    what = "ceiling" if check.kind == "growth" else "floor"
+    msg = "" if held else f"{m} grows like step^{p:.2f}, against a growth exponent {what} of {check.limit:g}"
+    return CheckResult(check, p, None, held, msg)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # pragma: no cover - torch is a dependency
+        return False
+
+
+def run_scenario(scenario: Scenario, out: Path | str) -> ScenarioResult:
+    """Run one scenario into `out` (replaced if it holds an earlier run) and judge it."""
+    from .trajectory import RunBreakdown, read_events, read_metrics, run
+
+    res = ScenarioResult(scenario, run_dir=str(out))
+    if scenario.requires == "cuda" and not cuda_available():
+        res.skipped = "needs CUDA"
+        return res
+    t0 = time.perf_counter()
+    try:
+        rows = run(scenario.config, out, progress=False, force=True)
+    except RunBreakdown as exc:
+        res.errors.append(f"run broke down: {exc}")
+        rows = read_metrics(Path(out) / "metrics.csv")
+    res.seconds = time.perf_counter() - t0
+    events = read_events(Path(out) / "events.jsonl")
+    res.checks = [judge(c, rows) for c in scenario.checks]
+    names = {e.get("event") for e in events}
+    for n in scenario.require_events:
+        if n not in names:
+            res.errors.append(f"no {n} event was recorded")
+    for n in scenario.forbid_events:
+        if n in names:
+            first = next(e for e in events if e.get("event") == n)
+            res.errors.append(f"{n} event recorded at step {first.get('step')}")
+    return res
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def run_scenarios(scenarios: list[Scenario], out: Path | str, echo=None, threads: int = 1) -> list[ScenarioResult]:
+    """Run each scenario into out/<file stem>/<name>, one after another; `echo(result)` after each.
+
+    torch and numpy's BLAS are pinned to `threads` first: an unpinned BLAS on a loaded CI machine
+    oversubscribes the cores and made small runs 30x slower here."""
+    from .bench import pin_threads
+
+    pin_threads(threads)
+    results = []
+    for s in scenarios:
+        r = run_scenario(s, Path(out) / _safe(Path(s.file).stem) / _safe(s.name))
+        results.append(r)
+        if echo:
+            echo(r)
+    return results
+
+
+# ---------------------------------------------------------------- output
+
+def _fmt(v) -> str:
+    return "-" if v is None else (f"{v:.3e}" if isinstance(v, float) and math.isfinite(v) else str(v))
+
+
+def rows_of(results: list[ScenarioResult]) -> list[dict]:
+    """One row per check (and per breakdown or event requirement), for the table and the JSON."""
+    out = []
+    for r in results:
+        s = r.scenario
+        if r.skipped:
+            out.append(dict(scenario=s.name, file=s.file, metric="-", kind="-", worst=None, step=None, budget=None,
+                            headroom="-", status="skipped", source=s.source, message=r.skipped))
+            continue
+        for c in r.checks:
+            label = {"max": c.check.metric, "floor": f"{c.check.metric} (floor)",
+                     "growth": f"{c.check.metric} growth", "growth_floor": f"{c.check.metric} growth (floor)"}
+            out.append(dict(scenario=s.name, file=s.file, metric=label[c.check.kind], kind=c.check.kind,
+                            worst=c.value, step=c.step, budget=c.check.limit, headroom=c.headroom,
+                            status="held" if c.held else "BROKEN", source=s.source, message=c.message))
+        for e in r.errors:
+            out.append(dict(scenario=s.name, file=s.file, metric="events", kind="events", worst=None, step=None,
+                            budget=None, headroom="-", status="BROKEN", source=s.source, message=e))
+        for n in s.require_events + s.forbid_events:
+            if not any(n in e for e in r.errors):
+                out.append(dict(scenario=s.name, file=s.file, metric=f"event {n}", kind="events", worst=None,
+                                step=None, budget=("required" if n in s.require_events else "forbidden"),
+                                headroom="-", status="held", source=s.source, message=""))
+    return out
+
+
+def table(results: list[ScenarioResult]) -> str:
+    head = ["scenario", "metric", "worst", "step", "budget", "headroom", "status", "source"]
+    body = [[r["scenario"], r["metric"], _fmt(r["worst"]), _fmt(r["step"]),
+             r["budget"] if isinstance(r["budget"], str) else _fmt(r["budget"]) if r["budget"] is None
+             else f"{r['budget']:.3g}", r["headroom"], r["status"], r["source"]] for r in rows_of(results)]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    return "\n".join(lines)
+
+
+def junit_xml(results: list[ScenarioResult]) -> bytes:
+    """JUnit XML: one testsuite per scenario file, one testcase per check (and per event requirement)."""
+    root = ET.Element("testsuites", name="pitcheck stress")
+    by_file: dict[str, list[ScenarioResult]] = {}
+    for r in results:
+        by_file.setdefault(r.scenario.file, []).append(r)
+    total = {"tests": 0, "failures": 0, "skipped": 0}
+    for file, rs in by_file.items():
+        suite = ET.SubElement(root, "testsuite", name=Path(file).stem, file=file)
+        counts = {"tests": 0, "failures": 0, "skipped": 0}
+        t = 0.0
+        for r in rs:
+            t += r.seconds
+            cls = f"{Path(file).stem}.{r.scenario.name}"
+            rows = [x for x in rows_of([r])]
+            for x in rows:
+                case = ET.SubElement(suite, "testcase", classname=cls, name=x["metric"],
+                                     time=f"{r.seconds / max(1, len(rows)):.3f}")
+                counts["tests"] += 1
+                if x["status"] == "skipped":
+                    ET.SubElement(case, "skipped", message=x["message"])
+                    counts["skipped"] += 1
+                elif x["status"] == "BROKEN":
+                    f = ET.SubElement(case, "failure", message=x["message"], type="BudgetBroken")
+                    f.text = (f"{x['message']}\nbudget from: {x['source']}"
+                              + (f"\nwhy: {r.scenario.why}" if r.scenario.why else ""))
+                    counts["failures"] += 1
+        for k, v in counts.items():
+            suite.set(k, str(v))
+            total[k] += v
+        suite.set("errors", "0")
+        suite.set("time", f"{t:.3f}")
+    for k, v in total.items():
+        root.set(k, str(v))
+    root.set("errors", "0")
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def to_json(results: list[ScenarioResult]) -> dict:
+    def clean(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    return {"held": all(r.held for r in results),
+            "scenarios": [{"scenario": r.scenario.name, "file": r.scenario.file, "source": r.scenario.source,
+                           "why": r.scenario.why, "skipped": r.skipped or None, "seconds": round(r.seconds, 3),
+                           "held": r.held if not r.skipped else None, "errors": r.errors,
+                           "config": r.scenario.config.to_json(),
+                           "checks": [{"metric": c.check.metric, "kind": c.check.kind, "limit": c.check.limit,
+                                       "value": clean(c.value), "step": c.step, "held": c.held,
+                                       "message": c.message} for c in r.checks]}
+                          for r in results]}
+
+
+def plot_broken(result: ScenarioResult, out_dir: Path) -> list[Path]:
+    """A PNG per broken metric: its trajectory against its budget (out_dir/<name>-<metric>.png)."""
+    from .report import _draw, _pyplot, _save_figure
+    from .trajectory import read_metrics
+
+    broken = [c for c in result.checks if not c.held and c.check.kind in ("max", "floor", "growth", "growth_floor")]
+    if not broken:
+        return []
+    try:
+        rows = read_metrics(Path(result.run_dir) / "metrics.csv")
+    except (OSError, PitcheckError):
+        return []
+    plt = _pyplot()
+    paths = []
+    for c in broken:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        _draw(ax, rows, c.check.metric, c.check.metric)
+        if c.check.kind in ("max", "floor"):
+            ax.axhline(c.check.limit, color="red", ls="--", label=f"{c.check.kind} {c.check.limit:.3g}")
+        else:
+            # a line of the budget's slope through the first positive value from step 1
+            first = next((r for r in rows if r["step"] >= 1 and r[c.check.metric] > 0), None)
+            if first:
+                steps = [max(r["step"], 1) for r in rows if r["step"] >= 1]
+                ax.loglog(steps, [first[c.check.metric] * (s / first["step"]) ** c.check.limit for s in steps],
+                          "r--", label=f"step^{c.check.limit:g}")
+        ax.set_title(f"{result.scenario.name}: {c.check.metric} (BROKEN)", fontsize=9)
+        ax.set_xlabel("step (0 drawn at 1)")
+        ax.legend(fontsize=8)
+        paths.append(_save_figure(plt, fig, out_dir / f"{_safe(result.scenario.name)}-{c.check.metric}.png"))
+    return paths
+
+
+# ---------------------------------------------------------------- command line
+
+def add_stress_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("stress", help="run drift stress scenarios (TOML) and check their budgets",
+                              description="Run scenario files and check their budgets: exit 0 when every budget "
+                                          "holds, 1 when any is broken, 2 on bad input. With no file, runs "
+                                          "pitcheck's own suite (stress/*.toml).")
+    p.add_argument("files", nargs="*", metavar="FILE.toml", help="scenario files (default: pitcheck's suite)")
+    p.add_argument("--junit", metavar="FILE.xml", help="write JUnit XML for CI")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--out", metavar="DIR", help="keep the run directories and the plots of broken budgets here "
+                                                "(default: a temporary directory, removed)")
+    p.add_argument("--only", metavar="NAME", action="append", default=[],
+                   help="run only the scenarios of this name (repeatable)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and their budgets, run nothing")
+    p.set_defaults(func=main_stress)
+    return p
+
+
+def _writable_file(path: str, flag: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise StressInputError(f"{flag} {p} is a directory; name a file")
+    if not p.parent.exists():
+        raise StressInputError(f"{flag} {p}: directory {p.parent} does not exist")
+    return p
+
+
+def main_stress(args) -> int:
+    def err(msg: str) -> int:
+        print(f"pitcheck stress: error: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        scenarios = load_scenarios(args.files)
+        if args.only:
+            unknown = [n for n in args.only if n not in {s.name for s in scenarios}]
+            if unknown:
+                return err(f"--only {unknown[0]!r}: no such scenario{_suggest(unknown[0], [s.name for s in scenarios])}")
+            scenarios = [s for s in scenarios if s.name in args.only]
+        junit = _writable_file(args.junit, "--junit") if args.junit else None
+        jpath = _writable_file(args.json, "--json") if args.json else None
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            return err(f"--out {args.out} is a file; name a directory")
+    except PitcheckError as exc:
+        return err(str(exc))
+    if args.list:
+        for s in scenarios:
+            checks = ", ".join(f"{c.metric} {'<=' if c.kind in ('max', 'growth') else '>='} {c.limit:g}"
+                               + (" (exponent)" if c.kind.startswith("growth") else "") for c in s.checks)
+            print(f"{s.id}  [{s.source}]  {checks}")
+        return 0
+    tmp = None
+    out = Path(args.out) if args.out else Path(tmp := tempfile.mkdtemp(prefix="pitcheck-stress-"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+
+        def echo(r: ScenarioResult) -> None:
+            status = "skipped (" + r.skipped + ")" if r.skipped else ("held" if r.held else "BROKEN")
+            print(f"{r.scenario.id}: {status}  {r.seconds:.1f} s", file=sys.stderr, flush=True)
+
+        try:
+            results = run_scenarios(scenarios, out, echo=echo)
+        except PitcheckError as exc:
+            return err(str(exc))
+        print(table(results))
+        broken = [r for r in results if not r.skipped and not r.held]
+        plots = []
+        if args.out:
+            for r in broken:
+                plots += plot_broken(r, out)
+        if junit:
+            junit.write_bytes(junit_xml(results))
+        if jpath:
+            jpath.write_text(json.dumps(to_json(results), indent=2) + "\n")
+        n_checks = sum(len(r.checks) for r in results)
+        if broken:
+            for r in broken:
+                for c in r.checks:
+                    if not c.held:
+                        print(f"BROKEN {r.scenario.id}: {c.message} (budget from {r.scenario.source}"
+                              + (f"; {r.scenario.why}" if r.scenario.why else "") + ")", file=sys.stderr)
+                for e in r.errors:
+                    print(f"BROKEN {r.scenario.id}: {e}", file=sys.stderr)
+            for p in plots:
+                print(f"plot: {p}", file=sys.stderr)
+            print(f"{len(broken)} of {len(results)} scenarios broke a budget", file=sys.stderr)
+            return 1
+        skipped = sum(1 for r in results if r.skipped)
+        print(f"all {n_checks} budgets held in {len(results) - skipped} scenarios"
+              + (f" ({skipped} skipped)" if skipped else ""), file=sys.stderr)
+        return 0
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="pitcheck")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_stress_parser(sub)
+    args = parser.parse_args(["stress", *(sys.argv[1:] if argv is None else argv)])
+    return main_stress(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
