@@ -429,6 +429,16 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     write_atomic(out / "summary.csv", summary_csv(rows))
     timing = {"executor": executor, "workers": workers, "cells": len(all_cells), "computed": len(todo),
               "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
+    # what the last invocation that computed anything took: a re-render reports it too
+    last = out / "timing.json"
+    if todo:
+        write_atomic(last, (json.dumps(timing, indent=1) + "\n").encode())
+        timing["last_compute"] = timing.copy()
+    else:
+        try:
+            timing["last_compute"] = json.loads(last.read_text())
+        except (OSError, ValueError):
+            timing["last_compute"] = None
     return {"rows": rows, **timing}
 
 
@@ -589,7 +599,7 @@ def judge(row: dict) -> tuple[bool, str]:
         reasons.append(f"broke down in {row['breakdowns']} of {row['seeds']} seeds")
     g = row["growth_exponent"]
     if math.isfinite(g) and g >= BOUNDED_GROWTH:
-        reasons.append(f"error grows like k^{g:.2f}")
+        reasons.append(f"error grows like k^{g:.2f}: {row['error_over_floor']:.2g}x the floor at step {row['steps']}")
     if not math.isfinite(row["final_orthonormality"]):
         reasons.append("non-finite error")
     return bool(reasons), "; ".join(reasons)
@@ -687,6 +697,17 @@ def machine_lines() -> list[str]:
             "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val is not None)]
 
 
+def timing_lines(info: dict) -> list[str]:
+    last = info.get("last_compute")
+    if not last:
+        return ["- the cells were computed by an earlier pitcheck (no timing.json)"]
+    workers = last.get("workers") or "every core"
+    speedup = last["cell_seconds"] / last["wall_seconds"] if last["wall_seconds"] > 0 else float("nan")
+    return [f"- last computation: {last['computed']} cells on the {last['executor']} executor ({workers} workers): "
+            f"wall {last['wall_seconds']:.1f} s against {last['cell_seconds']:.1f} s of cell time, the serial sum "
+            f"({speedup:.2f} cells running at once on average)"]
+
+
 def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     """report.md: the verdict first, then the table, the floors and bounds, the machine, the plots."""
     rows = info["rows"]
@@ -741,9 +762,8 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "",
         "## How it ran",
         "",
-        f"- grid: {g.source}; cells: {info['cells']}, computed in this invocation: {info['computed']} "
-        f"(executor {info['executor']}); wall {info['wall_seconds']:.1f} s against {info['cell_seconds']:.1f} s "
-        "of cell time (the serial sum)",
+        f"- grid: {g.source}; cells: {info['cells']}, computed in this invocation: {info['computed']}",
+        *timing_lines(info),
         *machine_lines(),
         "",
         "## Plots",
@@ -982,7 +1002,8 @@ def main_compare(args) -> int:
     print()
     print("\n".join(table_lines(rows)))
     print(f"\n{info['cells']} cells ({info['computed']} computed; wall {info['wall_seconds']:.1f} s, cell time "
-          f"{info['cell_seconds']:.1f} s) -> {args.out}/summary.csv, {args.out}/report.md, plots in {args.out}")
+          f"{info['cell_seconds']:.1f} s) -> {args.out}/summary.csv, {args.out}/report.md, plots "
+          f"(growth, retractions, cost; PNG and SVG) in {args.out}")
     broken = [f"{r['precision']}-{r['retraction']}" for r in rows if r["breakdowns"]]
     if broken:
         print(f"pitcheck: breakdown: {', '.join(broken)} broke down in some seeds (kept as results)", file=sys.stderr)

@@ -1,0 +1,245 @@
+"""pitcheck.sweep: grids from TOML, cell names, growth fit, floors, verdicts, resume and re-render."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pitcheck import sweep as sw
+from pitcheck.errors import PitcheckError
+from pitcheck.trajectory import run
+
+TINY = """
+steps = 60
+records_per_decade = 20
+[axes]
+retraction = ["qr", "cayley"]
+precision = ["fp64", "fp32"]
+shape = ["32x4"]
+seed = [0, 1]
+"""
+
+
+def without_cost(path) -> list[list[str]]:
+    """summary.csv's cells as text, without ms_per_step: a measured time, the one column no rerun repeats."""
+    import csv
+
+    rows = list(csv.reader(Path(path).read_text().splitlines()))
+    k = rows[0].index("ms_per_step")
+    return [r[:k] + r[k + 1:] for r in rows]
+
+
+def grid_file(tmp_path, text=TINY, name="grid.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---- grids ------------------------------------------------------------------------------------------
+def test_builtin_grids_load_and_cover_what_the_issue_asks():
+    quick = sw.load_grid(quick=True)
+    assert set(quick.axes["retraction"]) >= {"qr", "polar", "cayley"}
+    assert set(quick.axes["precision"]) >= {"fp64", "fp32", "bf16"}
+    default = sw.load_grid()
+    from pitcheck.policy import POLICIES
+
+    assert set(default.axes["precision"]) == set(POLICIES)
+    assert set(default.axes["retraction"]) == {"qr", "polar", "polar-gram", "polar-ns", "cholqr", "cayley",
+                                               "cayley-iter"}
+    assert default.axes["adversary"] == ["gaussian", "dense_output+sparse_input"]
+    assert len(default.axes["seed"]) == 3 and default.steps >= 10**4
+    assert len(sw.cells(default)) == 7 * 7 * 2 * 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[axes]\ncolour = ['red']\n", "unknown axis 'colour'"),
+    ("[axes\nretraction = ['qr']\n", "is not valid TOML"),
+    ("[axes]\nretraction = ['nope']\n", "unknown retraction 'nope'"),
+    ("[axes]\nprecision = ['fp12']\n", "unknown precision 'fp12'"),
+    ("[axes]\nshape = ['32by4']\n", "shape must be 'VxD'"),
+    ("[axes]\nseed = [0, 0]\n", "repeats a value"),
+    ("[axes]\nseed = [-1]\n", "integers >= 0"),
+    ("[axes]\nretraction = []\n", "is empty"),
+    ("steps = 0\n", "steps must be a positive integer"),
+    ("stepz = 10\n", "unknown key 'stepz'"),
+    ("[fixed]\nvocab = 10\n", "is an axis"),
+    ("[fixed]\nwibble = 1\n", "is not a run option"),
+    ("[fixed.adversary_params]\nwibble = 1\n", "adversary_params] takes"),
+    ("[axes]\nadversary = ['gaussian+nope']\n", "unknown gradient model 'nope'"),
+])
+def test_bad_grids_are_one_line_errors(tmp_path, text, message):
+    with pytest.raises(PitcheckError, match=message.replace("[", r"\[").replace("(", r"\(")) as exc:
+        sw.load_grid(grid_file(tmp_path, text))
+    assert "\n" not in str(exc.value)
+
+
+def test_missing_grid_file_and_quick_with_config(tmp_path):
+    with pytest.raises(PitcheckError, match="cannot read grid"):
+        sw.load_grid(tmp_path / "none.toml")
+    with pytest.raises(PitcheckError, match="not both"):
+        sw.load_grid(grid_file(tmp_path), quick=True)
+
+
+def test_cell_names_follow_the_config_but_not_its_length():
+    grid = sw.load_grid(quick=True)
+    cells = sw.cells(grid)
+    names = [c.name for c in cells]
+    assert len(set(names)) == len(names)
+    assert names[0].startswith("fp64-qr-gaussian-pit-128x8-sgd-lr0.01-seed0-")
+    longer = sw.cells(replace(grid, steps=grid.steps * 10))
+    assert [c.name for c in longer] == names  # a longer sweep extends the same cells
+    other = sw.cells(replace(grid, fixed={"cond": 10.0}))
+    assert not set(c.name for c in other) & set(names)
+    # seeds of one configuration form one group
+    assert len({c.group for c in cells}) == len(cells) // len(grid.axes["seed"])
+
+
+def test_baseline_heads_have_one_cell_per_precision(tmp_path):
+    grid = sw.load_grid(grid_file(tmp_path, TINY + 'head = ["pit", "tied"]\n'))
+    heads = [c for c in sw.cells(grid) if c.config.head == "tied"]
+    assert len(heads) == 2 * 2  # precisions x seeds, not x retractions
+    assert all("-none-" in c.name for c in heads)
+
+
+# ---- growth fit, floors, verdicts -----------------------------------------------------------------
+def _rows(values, steps):
+    return [{"step": int(s), "orthonormality": float(v)} for s, v in zip(steps, values)]
+
+
+def test_growth_fit_recovers_exponents_and_their_uncertainty():
+    steps = np.unique(np.round(np.logspace(0, 4, 41)).astype(int))
+    for exponent in (0.0, 0.5, 1.0):
+        runs = [_rows(c * steps**exponent, steps) for c in (1e-7, 3e-7)]  # one intercept per seed
+        slope, err = sw.growth_fit(runs, 10**4)
+        assert slope == pytest.approx(exponent, abs=1e-9) and err < 1e-9
+    rng = np.random.default_rng(0)
+    noisy = [_rows(1e-7 * steps**0.5 * np.exp(0.1 * rng.standard_normal(len(steps))), steps) for _ in range(3)]
+    slope, err = sw.growth_fit(noisy, 10**4)
+    assert abs(slope - 0.5) < 4 * err and 0.005 < err < 0.1
+    # only the second half on the log axis counts: an early transient does not
+    early = _rows(np.where(steps < 100, 1e-9 * steps**2.0, 1e-5), steps)
+    assert sw.growth_fit([early], 10**4)[0] == pytest.approx(0.0, abs=1e-12)
+    assert math.isnan(sw.growth_fit([_rows([1e-7, 1e-7], [0, 1])], 1)[0])
+
+
+def test_storage_floors_match_the_handbook():
+    f64, f32, bf16 = (sw.storage_floor(p, 512, 32) for p in ("fp64", "fp32", "bf16"))
+    assert 1e-16 < f64 < 1e-14
+    assert 1e-8 < f32 < 1e-6
+    assert 1e-3 < bf16 < 3e-2
+    assert sw.storage_floor("bf16-mixed", 512, 32) == bf16  # stored in bf16 either way
+    assert sw.storage_floor("fp32", 512, 32) == f32  # measured, seeded: reproducible
+
+
+def _row(ret, prec, err, growth, ms, breakdowns=0, floor=1e-7):
+    return {"retraction": ret, "precision": prec, "adversary": "gaussian", "head": "pit", "seeds": 3,
+            "steps": 1000, "final_orthonormality": err, "error_over_floor": err / floor, "growth_exponent": growth,
+            "growth_exponent_err": 0.01, "ms_per_step": ms, "breakdowns": breakdowns}
+
+
+def test_verdict_prefers_accuracy_then_cost_and_names_the_unsafe():
+    rows = [_row("qr", "fp32", 3e-7, 0.0, 1.0), _row("polar", "fp32", 5e-7, 0.02, 0.5),
+            _row("cholqr", "fp32", 1e-6, 0.0, 0.1), _row("cayley", "fp32", 2e-7, 0.5, 0.2),
+            _row("polar-ns", "fp32", 3e-7, 0.0, 0.3, breakdowns=1)]
+    (v,) = sw.verdicts(rows)
+    # cayley is the most accurate at this length but grows; polar is within 2x of qr and cheaper
+    assert v["best"]["retraction"] == "polar"
+    assert {u["retraction"] for u in v["unsafe"]} == {"cayley", "polar-ns"}
+    text = "\n".join(sw.verdict_lines(rows))
+    assert "k^0.50" in text and "broke down in 1 of 3 seeds" in text
+    (v,) = sw.verdicts([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])
+    assert v["best"] is None and "none" in sw.verdict_lines([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])[2]
+
+
+# ---- sweeps end to end ----------------------------------------------------------------------------
+def test_sweep_writes_summary_report_plots_and_rerenders_without_computing(tmp_path):
+    grid = sw.load_grid(grid_file(tmp_path))
+    out = tmp_path / "cmp"
+    info = sw.compare(out, grid, workers=2, progress=False)
+    assert info["computed"] == 8 and info["cells"] == 8
+    text = (out / "summary.csv").read_text()
+    assert text.splitlines()[0].split(",") == sw.SUMMARY_COLUMNS
+    rows = sw.read_summary(out / "summary.csv")
+    assert len(rows) == 4 and all(r["seeds"] == 2 for r in rows)
+    for r in rows:
+        assert r["floor"] > 0 and r["ms_per_step"] > 0 and math.isfinite(r["growth_exponent_err"])
+        assert r["final_orthonormality_min"] <= r["final_orthonormality"] <= r["final_orthonormality_max"]
+        assert r["final_pinv_drift"] <= 10 * r["drift_bound"]
+        assert math.isnan(r["shadow_Z"]) == (r["precision"] == "fp64")
+    report = (out / "report.md").read_text()
+    assert report.index("## Verdict") < report.index("## Table") < report.index("## Plots")
+    for stem in ("growth", "retractions", "cost"):
+        assert (out / f"{stem}.png").stat().st_size > 10_000 and (out / f"{stem}.svg").stat().st_size > 10_000
+        assert f"]({stem}.png)" in report
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name not in ("report.md",)}
+    again = sw.compare(out, grid, workers=2, progress=False)
+    assert again["computed"] == 0
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name not in ("report.md",)}
+    assert after == before  # summary, plots (PNG and SVG) and cells: byte for byte, nothing recomputed
+
+
+def test_interrupted_sweep_resumes_each_cell_where_it_stopped(tmp_path, monkeypatch):
+    grid = sw.override(sw.load_grid(grid_file(tmp_path)), retraction=["cayley"])
+    ref = tmp_path / "ref"
+    sw.sweep(ref, grid, workers=2, progress=False)
+    cut = tmp_path / "cut"
+    cells = sw.cells(grid)
+    # one cell interrupted at step 33 (Ctrl-C: the run commits its checkpoint), one not started, the rest finished
+    from pitcheck import trajectory
+
+    def interrupt(self, done):
+        if done == 33:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(trajectory.Progress, "update", interrupt)
+        with pytest.raises(PitcheckError, match="interrupted at step 33"):
+            run(cells[0].config, sw.cell_dir(cut, cells[0]), progress=False)
+    for c in cells[2:]:
+        shutil.copytree(sw.cell_dir(ref, c), sw.cell_dir(cut, c))
+        sw.cost_path(cut, c).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(sw.cost_path(ref, c), sw.cost_path(cut, c))
+    info = sw.sweep(cut, grid, workers=2, progress=False)
+    assert info["computed"] == 2
+    for c in cells:
+        for name in ("metrics.csv", "events.jsonl", "checkpoint.npz"):
+            assert (sw.cell_dir(cut, c) / name).read_bytes() == (sw.cell_dir(ref, c) / name).read_bytes(), c.name
+    # the numbers of the summary are the same; only the measured cost differs
+    assert without_cost(cut / "summary.csv") == without_cost(ref / "summary.csv")
+
+
+def test_a_cell_that_cannot_run_is_an_error_after_the_others(tmp_path):
+    grid = sw.load_grid(grid_file(tmp_path))
+    out = tmp_path / "cmp"
+    cells = sw.cells(grid)
+    bad = sw.cell_dir(out, cells[1])
+    bad.mkdir(parents=True)
+    (bad / "notes.txt").write_text("mine")
+    with pytest.raises(PitcheckError, match=f"cell {cells[1].name}: .*holds no pitcheck run"):
+        sw.sweep(out, grid, workers=2, progress=False)
+    assert sum(sw.finished(out, c) for c in cells) == len(cells) - 1
+
+
+def test_fp32_cayley_grows_faster_than_qr(tmp_path):
+    """The quick grid's acceptance criterion, on its fp32 column alone (one seed)."""
+    grid = sw.override(sw.load_grid(quick=True), precision=["fp32"], retraction=["qr", "cayley"], seed=[0])
+    rows = {r["retraction"]: r for r in sw.sweep(tmp_path, grid, workers=2, progress=False)["rows"]}
+    assert rows["cayley"]["growth_exponent"] - rows["qr"]["growth_exponent"] > 0.2
+    assert rows["qr"]["growth_exponent"] < sw.BOUNDED_GROWTH <= rows["cayley"]["growth_exponent"]
+
+
+@pytest.mark.slow
+def test_quick_compare_meets_the_issue(tmp_path):
+    import time
+
+    t0 = time.monotonic()
+    info = sw.compare(tmp_path, sw.load_grid(quick=True), progress=False)
+    assert time.monotonic() - t0 < 120
+    rows = {(r["retraction"], r["precision"]): r for r in info["rows"]}
+    assert {(r, p) for r in ("qr", "polar", "cayley") for p in ("fp64", "fp32", "bf16")} <= set(rows)
+    assert rows["cayley", "fp32"]["growth_exponent"] - rows["qr", "fp32"]["growth_exponent"] > 0.2
