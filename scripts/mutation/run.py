@@ -1,0 +1,268 @@
+"""Mutation testing of pitcheck's numerics with cosmic-ray, on a temporary copy of the working tree.
+
+cosmic-ray (a registry package) generates the mutants (one AST change each: an operator, a comparison,
+a number, a boolean, a loop made empty, ...) and applies them one at a time to the file on disk; this
+driver never touches the checkout: it copies pitcheck/, tests/ and pyproject.toml to a temporary folder
+and runs cosmic-ray there. Each mutant's test command goes to a fork server (forkserver.py), which
+has numpy, scipy, torch and pytest imported already, so a mutant costs its tests, not a second of
+imports. Modules are split across --jobs copies, each with its own server, run in parallel.
+
+    .venv/bin/python scripts/mutation/run.py                      # all modules, full run
+    .venv/bin/python scripts/mutation/run.py --modules metrics,policy
+    .venv/bin/python scripts/mutation/run.py --sample 6 --budget 50   # the CI subset
+
+Scoring: a mutant is killed when its tests fail (a timeout counts as killed). Mutants listed in
+live.json (equivalent mutants, with the reason each changes nothing observable) are left out of the
+score. Replacements of an arithmetic operator by a bitwise or shift operator are not generated at all:
+on float operands they raise TypeError at the first call, so they test nothing about the numerics.
+
+Exit status: 0 when every module scores at least --min-score and (with --strict, the default for
+--sample) no mutant survived that live.json does not list; 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+FAST = ["-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--no-header", "-W", "ignore"]
+# slow tests of unrelated properties (no V x V array at V = 2^17; a Hypothesis search): left out
+DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_form_a_v_by_v"]
+
+# module -> the tests that judge it (missing files are ignored)
+MODULES: dict[str, list[str]] = {
+    "metrics": ["tests/test_pins_metrics.py", "tests/test_metrics.py", "tests/test_metrics_validation.py"],
+    "reference": ["tests/test_pins_reference.py", "tests/test_reference.py"],
+    "retractions": ["tests/test_pins_retractions.py", "tests/test_retractions.py"],
+    "formats": ["tests/test_pins_formats_policy.py", "tests/test_formats.py"],
+    "policy": ["tests/test_pins_formats_policy.py"],
+    "oracle": ["tests/test_pins_oracle.py"],
+    "validate/checks": ["tests/test_pins_checks.py", "tests/test_validate_checks.py"],
+}
+EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
+
+
+def module_path(name: str) -> str:
+    return f"pitcheck/{name}.py"
+
+
+def copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc", ".pytest_cache")
+    shutil.copytree(REPO / "pitcheck", dest / "pitcheck", ignore=ignore)
+    shutil.copytree(REPO / "tests", dest / "tests", ignore=ignore)
+    shutil.copy2(REPO / "pyproject.toml", dest / "pyproject.toml")
+
+
+def mutant_key(spec, lines: list[str]) -> str:
+    """Position-independent name of a mutant: module, operator, the source line's text, column in it."""
+    line_no, col = spec.start_pos
+    text = lines[line_no - 1]
+    indent = len(text) - len(text.lstrip())
+    return f"{spec.module_path}|{spec.operator_name}|{text.strip()}|{col - indent}"
+
+
+def load_live() -> dict[str, str]:
+    path = HERE / "live.json"
+    if not path.exists():
+        return {}
+    return {e["key"]: e["reason"] for e in json.loads(path.read_text())}
+
+
+def _sample_rank(key: str, seed: int) -> str:
+    return hashlib.sha256(f"{seed}|{key}".encode()).hexdigest()
+
+
+def prepare(root: Path, name: str, sock: str, sample: int | None, seed: int, timeout: float) -> Path:
+    """cosmic-ray config and session for one module; skipped jobs are marked as such in the session."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    tests = [t for t in MODULES[name] if (root / t).exists()]
+    if not tests:  # pytest with no path would run the whole suite
+        raise RuntimeError(f"no test file of {name} exists: {MODULES[name]}")
+    command = " ".join([sys.executable, str(HERE / "client.py"), sock, *FAST, *[f'"{a}"' if " " in a else a for a in DESELECT], *tests])
+    slug = name.replace("/", "_")
+    cfg = root / f".cr-{slug}.toml"
+    cfg.write_text(
+        "[cosmic-ray]\n"
+        f'module-path = "{module_path(name)}"\n'
+        f"timeout = {timeout + 15}\n"
+        "excluded-modules = []\n"
+        f"test-command = '{command}'\n"
+        "[cosmic-ray.distributor]\n"
+        'name = "local"\n'
+    )
+    db = root / f".cr-{slug}.sqlite"
+    subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(db)], cwd=root, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines = (root / module_path(name)).read_text().splitlines()
+    with use_db(str(db), WorkDB.Mode.open) as wdb:
+        items = list(wdb.pending_work_items)
+        skip, keep = [], []
+        for item in items:
+            spec = item.mutations[0]
+            (skip if re.match(EXCLUDED_OPERATORS, spec.operator_name) else keep).append(item)
+        if sample is not None:
+            keep.sort(key=lambda it: _sample_rank(mutant_key(it.mutations[0], lines), seed))
+            skip += keep[sample:]
+        wdb.set_multiple_results([it.job_id for it in skip], WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    return cfg
+
+
+def results(root: Path, name: str) -> list[dict]:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    slug = name.replace("/", "_")
+    lines = (root / module_path(name)).read_text().splitlines()
+    out = []
+    with use_db(str(root / f".cr-{slug}.sqlite"), WorkDB.Mode.open) as wdb:
+        done = {item.job_id: res for item, res in wdb.completed_work_items}
+        for item in wdb.work_items:
+            spec = item.mutations[0]
+            res = done.get(item.job_id)
+            if res is not None and res.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
+            if res is None:
+                status = "not run"
+            elif res.test_outcome == TestOutcome.INCOMPETENT or res.worker_outcome == WorkerOutcome.EXCEPTION:
+                status = "incompetent"
+            elif res.test_outcome == TestOutcome.SURVIVED:
+                status = "survived"
+            else:
+                status = "killed"
+            out.append({"key": mutant_key(spec, lines), "line": spec.start_pos[0], "operator": spec.operator_name,
+                        "status": status, "diff": (res.diff if res is not None else None)})
+    return out
+
+
+def run_group(names: list[str], args, deadline: float, log: list) -> None:
+    root = Path(tempfile.mkdtemp(prefix="pitcheck-mutation-", dir=args.workdir))
+    copy_tree(root)
+    (root / ".orig").mkdir()
+    for name in names:
+        shutil.copy2(root / module_path(name), root / ".orig" / module_path(name).replace("/", "_"))
+    sock = str(root / ".fs.sock")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    server = subprocess.Popen([sys.executable, str(HERE / "forkserver.py"), str(root), sock,
+                               "--timeout", str(args.timeout)], env=env)
+    try:
+        t0 = time.monotonic()
+        while not os.path.exists(sock):
+            if server.poll() is not None or time.monotonic() - t0 > 120:
+                raise RuntimeError("the fork server did not start")
+            time.sleep(0.05)
+        for name in names:
+            cfg = prepare(root, name, sock, args.sample, args.seed, args.timeout)
+            db = cfg.with_suffix(".sqlite")
+            left = deadline - time.monotonic()
+            if left > 0:
+                try:
+                    subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cfg), str(db)], cwd=root,
+                                   env=env, timeout=left, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    pass
+            # restore the module in case exec was cut off mid-mutant
+            shutil.copy2(root / ".orig" / module_path(name).replace("/", "_"), root / module_path(name))
+            log.append((name, results(root, name)))
+    finally:
+        server.terminate()
+        server.wait()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"kept {root}", file=sys.stderr)
+
+
+def summarise(log: list, min_score: float, strict: bool) -> tuple[dict, bool]:
+    live = load_live()
+    ok = True
+    summary = {}
+    for name, rows in sorted(log):
+        killed = sum(r["status"] == "killed" for r in rows)
+        equivalent = [r for r in rows if r["status"] == "survived" and r["key"] in live]
+        survivors = [r for r in rows if r["status"] == "survived" and r["key"] not in live]
+        not_run = sum(r["status"] == "not run" for r in rows)
+        incompetent = sum(r["status"] == "incompetent" for r in rows)
+        scored = killed + len(survivors)
+        score = killed / scored if scored else 1.0
+        summary[name] = {"killed": killed, "scored": scored, "score": score, "equivalent_excluded": len(equivalent),
+                         "not_run": not_run, "incompetent": incompetent,
+                         "survivors": [{k: r[k] for k in ("line", "operator", "key", "diff")} for r in survivors]}
+        if score < min_score or (strict and survivors):
+            ok = False
+    return summary, ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modules", default=",".join(MODULES), help="comma-separated, from: " + ", ".join(MODULES))
+    ap.add_argument("--jobs", type=int, default=2, help="parallel copies, each with its own fork server")
+    ap.add_argument("--sample", type=int, default=None, help="run only this many mutants per module (fixed sample)")
+    ap.add_argument("--seed", type=int, default=0, help="which fixed sample")
+    ap.add_argument("--budget", type=float, default=None, help="seconds; mutants not reached by then are 'not run'")
+    ap.add_argument("--timeout", type=float, default=30.0, help="seconds per mutant's tests (then: killed)")
+    ap.add_argument("--min-score", type=float, default=0.9)
+    ap.add_argument("--strict", action="store_true", help="fail on any survivor not listed in live.json")
+    ap.add_argument("--json", type=Path, default=None, help="write the full result here")
+    ap.add_argument("--workdir", default=None, help="where the temporary copies go (default: the system's)")
+    ap.add_argument("--keep", action="store_true", help="keep the copies (for debugging)")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.modules.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODULES]
+    if unknown:
+        ap.error(f"unknown modules {unknown}")
+    strict = args.strict or args.sample is not None
+    deadline = time.monotonic() + (args.budget if args.budget else 1e9)
+    # balance the groups by file size (a proxy for the number of mutants)
+    groups: list[list[str]] = [[] for _ in range(max(1, args.jobs))]
+    sizes = [0] * len(groups)
+    for n in sorted(names, key=lambda n: -(REPO / module_path(n)).stat().st_size):
+        i = sizes.index(min(sizes))
+        groups[i].append(n)
+        sizes[i] += (REPO / module_path(n)).stat().st_size
+    log: list = []
+    errors: list = []
+
+    def worker(g):
+        try:
+            run_group(g, args, deadline, log)
+        except Exception as exc:  # reported below, and the run fails
+            errors.append(f"{g}: {type(exc).__name__}: {exc}")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(g,)) for g in groups if g]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    summary, ok = summarise(log, args.min_score, strict)
+    ok = ok and not errors
+    for e in errors:
+        print("error:", e)
+    print(f"{'module':<18} {'killed':>7} {'scored':>7} {'score':>7} {'equiv':>6} {'not run':>8}")
+    for name, s in summary.items():
+        print(f"{name:<18} {s['killed']:>7} {s['scored']:>7} {s['score']:>7.1%} {s['equivalent_excluded']:>6} {s['not_run']:>8}")
+    for name, s in summary.items():
+        for r in s["survivors"]:
+            print(f"SURVIVED {module_path(name)}:{r['line']} {r['operator']}  [{r['key']}]")
+    print(f"{'pass' if ok else 'FAIL'} in {time.monotonic() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "errors": errors, "ok": ok}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
