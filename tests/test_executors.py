@@ -1,0 +1,107 @@
+"""pitcheck.executors: the local pool keeps every core busy with pinned threads; Ray gives identical results."""
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pitcheck import executors
+from pitcheck import sweep as sw
+from pitcheck.errors import PitcheckError
+
+GRID = """
+steps = 40
+records_per_decade = 20
+[axes]
+retraction = ["qr", "cayley"]
+precision = ["fp64", "fp32"]
+shape = ["32x4"]
+seed = [0]
+"""
+
+
+def tiny_grid(tmp_path) -> sw.Grid:
+    path = tmp_path / "grid.toml"
+    path.write_text(GRID)
+    return sw.load_grid(path)
+
+
+def cells_text(out: Path) -> dict:
+    """Every file of every cell, as bytes."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in (out / "cells").rglob("*")
+            if p.is_file() and p.name != ".lock"}
+
+
+def without_cost(path) -> list[list[str]]:
+    import csv
+
+    rows = list(csv.reader(Path(path).read_text().splitlines()))
+    k = rows[0].index("ms_per_step")
+    return [r[:k] + r[k + 1:] for r in rows]
+
+
+def test_thread_pinning_environment():
+    env = executors.thread_env(3)
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
+    assert executors.check_workers(None) == executors.available_cores()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(PitcheckError, match="--workers must be a positive integer"):
+            executors.check_workers(bad)
+
+
+def test_local_pool_runs_cells_in_parallel_workers_with_pinned_threads(tmp_path):
+    out = tmp_path / "cmp"
+    saved = {k: os.environ.get(k) for k in executors.THREAD_VARIABLES}
+    info = sw.sweep(out, tiny_grid(tmp_path), workers=2, progress=False)
+    assert info["computed"] == 4
+    pids = {json.loads(p.read_text())["pid"] for p in (out / "costs").glob("*.json")}
+    assert 1 <= len(pids) <= 2 and os.getpid() not in pids  # worker processes ran the cells, at most two
+    assert {k: os.environ.get(k) for k in executors.THREAD_VARIABLES} == saved  # the parent's settings are back
+    # every worker's torch ran on one thread (2 cores / 2 workers)
+    for d in (out / "cells").iterdir():
+        manifest = json.loads((d / "manifest.json").read_text())
+        assert manifest["torch_cpu_threads"] in (1, None)
+
+
+def test_one_worker_computes_what_two_compute(tmp_path):
+    grid = tiny_grid(tmp_path)
+    sw.sweep(tmp_path / "one", grid, workers=1, progress=False)
+    sw.sweep(tmp_path / "two", grid, workers=2, progress=False)
+    assert cells_text(tmp_path / "one") == cells_text(tmp_path / "two")
+    assert without_cost(tmp_path / "one" / "summary.csv") == without_cost(tmp_path / "two" / "summary.csv")
+
+
+def test_bad_executor_options(tmp_path, monkeypatch):
+    with pytest.raises(PitcheckError, match="unknown executor 'dask'"):
+        executors.execute("dask", [], lambda r: None)
+    with pytest.raises(PitcheckError, match="--address names a Ray cluster"):
+        executors.execute("local", [], lambda r: None, address="ray://x:10001")
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(PitcheckError, match=r"needs Ray: pip install 'pitcheck\[ray\]'"):
+        executors.execute("ray", [{"name": "x"}], lambda r: None)
+
+
+def test_ray_gives_the_local_pool_s_results_bit_for_bit(tmp_path):
+    ray = pytest.importorskip("ray")
+    grid = tiny_grid(tmp_path)
+    local = sw.sweep(tmp_path / "local", grid, workers=2, progress=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = sw.sweep(tmp_path / "ray", grid, executor="ray", progress=False)
+    finally:
+        ray.shutdown()
+    assert remote["computed"] == local["computed"] == 4
+    assert cells_text(tmp_path / "ray") == cells_text(tmp_path / "local")
+    assert without_cost(tmp_path / "ray" / "summary.csv") == without_cost(tmp_path / "local" / "summary.csv")
+    hosts = {json.loads(p.read_text())["pid"] for p in (tmp_path / "ray" / "costs").glob("*.json")}
+    assert os.getpid() not in hosts  # Ray's workers ran the cells
