@@ -1,0 +1,271 @@
+"""Pins of what distinguishes each retraction in pitcheck.retractions from its neighbours.
+
+The exact polar factor (polar, polar-gram, polar-ns), the sign-fixed QR factor (qr, cholqr, cholqr2),
+the Cayley map in closed form on a 2 x 1 case (a rotation with tan(theta/2) = t/2), the iteration count
+of cayley-iter through its truncation error (O(t^4) for two iterations), Muon's ns5 through its scalar
+recurrence, and the tangent projection on a non-symmetric Z^T G. numpy and torch (float64) both.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pitcheck import retractions as R
+from pitcheck.arrays import ops_for
+from pitcheck.errors import PitcheckError
+
+
+def _orthonormal(V, D, seed=0):
+    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((V, D)))
+    return q * np.sign(np.diag(r))
+
+
+def _tangent(Z, seed=1, scale=1.0):
+    G = np.random.default_rng(seed).standard_normal(Z.shape)
+    return scale * (G - Z @ (0.5 * (Z.T @ G + G.T @ Z)))
+
+
+BACKENDS = ["numpy", "torch"]
+
+
+def _as(backend, *xs):
+    if backend == "numpy":
+        return xs
+    return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in xs)
+
+
+def _np(x):
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _rot(theta):
+    c, s = math.cos(theta), math.sin(theta)
+    return np.array([[c, -s], [s, c]])
+
+
+def _known_polar(V=7, seed=3, s=(1.2, 0.8)):
+    """Y = U diag(s) Q^T with known factors: its polar factor is U Q^T."""
+    U = _orthonormal(V, 2, seed)
+    Q = _rot(0.3)
+    Y = (U * np.array(s)) @ Q.T
+    Z = _orthonormal(V, 2, seed + 10)
+    return Z, Y - Z, U @ Q.T
+
+
+# ---- tangent projection --------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tangent_projection_symmetrises_a_non_symmetric_ZtG(backend):
+    """Z = [I; 0], Z^T G = [[0, 1], [0, 0]]: sym = [[0, 1/2], [1/2, 0]], so P(G) = [[0, 1/2], [-1/2, 0], g]."""
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    G = np.array([[0.0, 1.0], [0.0, 0.0], [3.0, -2.0]])
+    P = _np(R.tangent_projection(*_as(backend, Z, G)))
+    np.testing.assert_array_equal(P, [[0.0, 0.5], [-0.5, 0.0], [3.0, -2.0]])
+    A = Z.T @ P
+    np.testing.assert_array_equal(A, -A.T)  # tangent: Z^T P skew
+
+
+def test_tangent_projection_is_idempotent_and_keeps_tangent_vectors():
+    Z = _orthonormal(9, 3)
+    G = np.random.default_rng(5).standard_normal((9, 3))
+    P = R.tangent_projection(Z, G)
+    np.testing.assert_allclose(R.tangent_projection(Z, P), P, atol=1e-14)
+    xi = _tangent(Z)
+    np.testing.assert_allclose(R.tangent_projection(Z, xi), xi, atol=1e-14)
+
+
+# ---- polar family --------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["polar", "polar-gram", "polar-ns"])
+def test_polar_retractions_give_the_exact_polar_factor(name, backend):
+    Z, xi, expected = _known_polar()
+    got = _np(R.get_retraction(name)(*_as(backend, Z, xi)))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
+
+
+def test_reproject_is_the_polar_factor():
+    _, _, expected = _known_polar()
+    Z, xi, _ = _known_polar()
+    np.testing.assert_allclose(R.reproject(Z + xi), expected, atol=1e-13)
+
+
+def test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold():
+    Z, xi, expected = _known_polar(s=(1.0 + 1e-3, 1.0 - 2e-3))
+    got = R.retract_polar_ns(Z, xi)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-15)
+    # one Newton-Schulz step from a point with singular values 1 + d gives 1 - 3d^2/2 + O(d^3)
+    d = 1e-3
+    Y = (1 + d) * _orthonormal(6, 2)
+    one = R.retract_polar_ns(Y, 0 * Y, max_iter=1)
+    np.testing.assert_allclose(np.linalg.svd(one, compute_uv=False), (1 + d) * (1.5 - 0.5 * (1 + d) ** 2),
+                               rtol=0, atol=1e-15)
+
+
+def test_polar_ns_refuses_a_point_too_far_from_the_manifold():
+    # ||Y^T Y - I||_F = sqrt(2) (s^2 - 1): 0.976 at s = 1.3 (runs), 1.163 at s = 1.35 (refused)
+    U = _orthonormal(5, 2)
+    np.testing.assert_allclose(R.retract_polar_ns(1.3 * U, 0 * U), U, atol=1e-14)
+    with pytest.raises(R.RetractionError, match="too far"):
+        R.retract_polar_ns(1.35 * U, 0 * U)
+
+
+def test_polar_ns_that_stalls_far_from_the_manifold_is_an_error():
+    U = _orthonormal(5, 2)
+    # singular values (1, 0.3): ||G - I||_F = 0.91, then 0.81 after one step: not halved, still > 1e-2
+    with pytest.raises(R.RetractionError, match="did not converge"):
+        R.retract_polar_ns(U * np.array([1.0, 0.3]), 0 * U)
+
+
+def test_polar_gram_refuses_a_singular_gram_matrix():
+    Y = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]])  # eigh gives an exact 0
+    with pytest.raises(R.RetractionError):
+        R.retract_polar_gram(Y, 0 * Y)
+
+
+# ---- QR family -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2"])
+def test_qr_retractions_give_the_sign_fixed_q_factor(name, backend):
+    """Y = [[-2, 1], [0, 3], [0, 0]] = Q R with diag(R) > 0: Q = [[-1, 0], [0, 1], [0, 0]] exactly."""
+    Y = np.array([[-2.0, 1.0], [0.0, 3.0], [0.0, 0.0]])
+    got = _np(R.get_retraction(name)(*_as(backend, Y, 0 * Y)))
+    np.testing.assert_allclose(got, [[-1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2"])
+def test_qr_retractions_agree_on_a_generic_point(name):
+    Z = _orthonormal(12, 3)
+    Y = Z + _tangent(Z, scale=0.3)
+    Q = R.get_retraction(name)(Z, Y - Z)
+    Rf = Q.T @ Y
+    np.testing.assert_allclose(np.tril(Rf, -1), 0, atol=1e-13)
+    assert (np.diag(Rf) > 0).all()
+    np.testing.assert_allclose(Q.T @ Q, np.eye(3), atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["cholqr", "cholqr2"])
+def test_cholesky_qr_refuses_a_rank_deficient_point(name):
+    Y = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    with pytest.raises(R.RetractionError):
+        R.get_retraction(name)(Y, 0 * Y)
+
+
+def test_cholqr2_reaches_householder_orthogonality_where_cholqr_does_not():
+    rng = np.random.default_rng(0)
+    Y = _orthonormal(200, 8) * np.logspace(0, -5, 8)  # cond 1e5
+    Y = Y @ np.linalg.qr(rng.standard_normal((8, 8)))[0]
+    e1 = np.linalg.norm(R.retract_cholqr(Y, 0 * Y).T @ R.retract_cholqr(Y, 0 * Y) - np.eye(8))
+    Q2 = R.retract_cholqr2(Y, 0 * Y)
+    e2 = np.linalg.norm(Q2.T @ Q2 - np.eye(8))
+    assert e2 < 1e-14 < 1e-8 < e1
+
+
+# ---- Cayley family -------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cayley_is_the_exact_cayley_rotation_in_closed_form(backend):
+    """Z = (1, 0), xi = (0, t): W = [[0, -t], [t, 0]], (I - W/2)^{-1}(I + W/2) Z is the rotation with
+    tan(theta/2) = t/2: ((1 - t^2/4), t) / (1 + t^2/4). At t = 1: (0.6, 0.8)."""
+    Z = np.array([[1.0], [0.0]])
+    xi = np.array([[0.0], [1.0]])
+    got = _np(R.retract_cayley(*_as(backend, Z, xi)))
+    np.testing.assert_allclose(got, [[0.6], [0.8]], rtol=0, atol=1e-15)
+    t = 0.3
+    got = _np(R.retract_cayley(*_as(backend, Z, t * xi)))
+    np.testing.assert_allclose(got, np.array([[1 - t * t / 4], [t]]) / (1 + t * t / 4), rtol=0, atol=1e-15)
+
+
+def _dense_cayley(Z, xi):
+    g = xi - 0.5 * Z @ (Z.T @ xi)
+    W = g @ Z.T - Z @ g.T
+    eye = np.eye(Z.shape[0])
+    return np.linalg.solve(eye - W / 2, (eye + W / 2) @ Z), W
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cayley_matches_the_dense_cayley_transform(backend):
+    Z = _orthonormal(8, 3)
+    xi = _tangent(Z, scale=0.4)
+    dense, W = _dense_cayley(Z, xi)
+    np.testing.assert_allclose(W @ Z, xi, atol=1e-14)  # the generator reproduces xi
+    got = _np(R.retract_cayley(*_as(backend, Z, xi)))
+    np.testing.assert_allclose(got, dense, rtol=0, atol=1e-13)
+    # a non-tangent step (Z^T xi with a symmetric part) still follows the same low-rank formula
+    xi2 = xi + 0.1 * Z
+    np.testing.assert_allclose(_np(R.retract_cayley(*_as(backend, Z, xi2))), _dense_cayley(Z, xi2)[0],
+                               rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cayley_iter_two_iterations_in_closed_form(backend):
+    """Z = (1, 0), xi = (0, t): Y0 = (1, t), Y1 = (1 - t^2/2, t), Y2 = (1 - t^2/2, t - t^3/4),
+    Y3 = (1 - t^2/2 + t^4/8, t - t^3/4): exact in binary at t = 1/2."""
+    Z = np.array([[1.0], [0.0]])
+    xi = np.array([[0.0], [0.5]])
+    got = _np(R.retract_cayley_iter(*_as(backend, Z, xi)))
+    np.testing.assert_array_equal(got, [[0.875], [0.46875]])
+    np.testing.assert_array_equal(_np(R.retract_cayley_iter(*_as(backend, Z, xi), iterations=1)), [[0.875], [0.5]])
+    np.testing.assert_array_equal(_np(R.retract_cayley_iter(*_as(backend, Z, xi), iterations=3)),
+                                  [[0.875 + 0.0078125], [0.46875]])
+
+
+def test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations():
+    """The fixed point is the Cayley map; its error after k iterations is (W/2)^k O(W^2) = O(t^(k+2)):
+    halving t divides the error by 2^4 = 16 for the default two iterations (8 for one, 32 for three)."""
+    Z = _orthonormal(10, 3, seed=2)
+    xi = _tangent(Z, seed=4)
+
+    def err(t, **kw):
+        return np.linalg.norm(R.retract_cayley_iter(Z, t * xi, **kw) - _dense_cayley(Z, t * xi)[0])
+
+    t = 0.02
+    assert err(t) / err(t / 2) == pytest.approx(16, rel=0.05)
+    assert err(t, iterations=1) / err(t / 2, iterations=1) == pytest.approx(8, rel=0.05)
+    assert err(t, iterations=3) / err(t / 2, iterations=3) == pytest.approx(32, rel=0.05)
+
+
+def test_cayley_with_a_zero_step_is_the_identity():
+    Z = _orthonormal(9, 3)
+    for name in ("cayley", "cayley-iter", "none"):
+        np.testing.assert_array_equal(R.get_retraction(name)(Z, 0 * Z), Z)
+
+
+# ---- none, ns5, registry -------------------------------------------------------------------------
+def test_none_is_the_euclidean_step():
+    Z = _orthonormal(5, 2)
+    xi = _tangent(Z)
+    np.testing.assert_array_equal(R.retract_none(Z, xi), Z + xi)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ns5_is_muons_scalar_recurrence_on_an_orthonormal_point(backend):
+    """On X = Z (orthonormal, D = 4) every singular value is s0 = 1 / (||Z||_F + 1e-7) = 1 / (2 + 1e-7),
+    and each step maps s to a s + b s^3 + c s^5 with (a, b, c) = (3.4445, -4.7750, 2.0315)."""
+    Z = _orthonormal(11, 4)
+    s = 1 / (2 + 1e-7)
+    for _ in range(5):
+        s = 3.4445 * s - 4.7750 * s**3 + 2.0315 * s**5
+    got = _np(R.retract_ns5(*_as(backend, Z, 0 * Z)))
+    np.testing.assert_allclose(got, s * Z, rtol=0, atol=1e-13)
+    assert abs(s - 1) > 0.05  # not a retraction: it does not even fix a point on the manifold
+    assert "ns5" in R.APPROXIMATE and R.NS5_COEFFICIENTS == (3.4445, -4.7750, 2.0315)
+
+
+def test_registry_names_and_unknown_names():
+    assert {"none", "polar", "polar-gram", "polar-ns", "qr", "cholqr", "cholqr2", "ns5", "cayley",
+            "cayley-iter"} <= set(R.RETRACTIONS)
+    assert R.get_retraction("qr") is R.retract_qr
+    with pytest.raises(PitcheckError, match="unknown retraction"):
+        R.get_retraction("householder")
+    assert issubclass(R.RetractionError, PitcheckError)
+
+
+def test_torch_results_are_row_major_and_match_numpy():
+    Z = _orthonormal(9, 3)
+    xi = _tangent(Z, scale=0.2)
+    for name in ("qr", "cholqr", "cholqr2", "cayley", "ns5"):
+        got = R.get_retraction(name)(*_as("torch", Z, xi))
+        assert got.is_contiguous()
+        np.testing.assert_allclose(got.numpy(), R.get_retraction(name)(Z, xi), atol=1e-13)
+        assert R.get_retraction(name)(Z, xi).flags["C_CONTIGUOUS"]
+    ops = ops_for(torch.zeros(1))
+    assert R._plain_torch(ops) and not R._plain_torch(ops_for(np.zeros(1)))
