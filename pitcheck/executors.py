@@ -45,6 +45,15 @@ def pin_threads(threads: int = 1) -> None:
         pass
 
 
+def _init_local_worker(threads: int) -> None:
+    """A pool worker: pinned threads, and Ctrl-C left to the parent (which stops the pool) and to a run
+    in progress (whose own handler commits its step and stops it), so an idle worker exits quietly."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pin_threads(threads)
+
+
 def _run_pinned(task: dict, threads: int) -> dict:
     pin_threads(threads)
     from .sweep import run_cell
@@ -78,7 +87,7 @@ def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int
     # spawned children inherit the environment at start: their BLAS loads with the pinned count
     os.environ.update(thread_env(threads))
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=pin_threads, initargs=(threads,))
+                               initializer=_init_local_worker, initargs=(threads,))
     pending: set = set()
     try:
         pending = {pool.submit(_run_pinned, task, threads) for task in tasks}

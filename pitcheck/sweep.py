@@ -419,7 +419,12 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         bar.advance(result["name"])
 
     t0 = time.perf_counter()
-    execute(executor, tasks, on_result, workers=workers, address=address)
+    try:
+        execute(executor, tasks, on_result, workers=workers, address=address)
+    except KeyboardInterrupt:
+        bar.enabled and sys.stderr.write("\n")
+        raise PitcheckError(f"interrupted with {bar.done} of {bar.total} cells finished; each running cell saved "
+                            "its last step: the same command resumes the sweep") from None
     wall = time.perf_counter() - t0
     errors = [r for r in results if r["status"] == "error"]
     if errors:
