@@ -152,7 +152,10 @@ def _main(argv: list[str] | None) -> int:
             print(plot_runs(args.runs, args.out, args.metrics.split(",")))
         elif args.command == "validate":
             from .validate import validate
+            from .validate.result import check_output_path
 
+            for option, path in (("--json", args.json), ("--report", args.report), ("--junit", args.junit)):
+                check_output_path(path, option)
             result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
                               steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout)
             result.write(args.json, args.report, args.junit)

@@ -26,6 +26,15 @@ BROKEN = {name: (check, SIZES.get(name, {})) for name, check in CAUGHT_BY.items(
 CORRECT = ["correct_cholesky_qr", "correct_upper_polar", "correct_eigen", "correct_cayley"]
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan may wait for a reaper that this sandbox's init is not)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
 def run_zoo(name, dtype, **over):
     return validate(f"tests.zoo.{name}:make", dtype, **{**SMALL, **over})
 
@@ -100,8 +109,9 @@ def test_a_target_that_hangs_aborts_or_cannot_be_imported_is_exit_2(name, phase,
     assert len(err) == 1 and phase in err[0]
 
 
-def test_interrupting_the_validator_kills_the_target(tmp_path):
-    # Ctrl-C in the validator (here: SIGINT to it while the target hangs) must not orphan the target
+@pytest.mark.parametrize("signame,status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupting_the_validator_kills_the_target(tmp_path, signame, status):
+    # Ctrl-C or a cancelled CI job (SIGTERM) while the target hangs must not orphan the target
     marker = tmp_path / "pid"
     (tmp_path / "sleeper.py").write_text(
         "import os, time\n"
@@ -114,12 +124,63 @@ def test_interrupting_the_validator_kills_the_target(tmp_path):
         time.sleep(0.1)
     assert marker.exists()
     target_pid = int(marker.read_text())
-    proc.send_signal(__import__("signal").SIGINT)
-    assert proc.wait(timeout=30) == 130
-    assert proc.stderr.read().strip().splitlines() == ["pitcheck: interrupted"]
+    proc.send_signal(getattr(__import__("signal"), signame))
+    assert proc.wait(timeout=30) == status
+    if signame == "SIGINT":
+        assert proc.stderr.read().strip().splitlines() == ["pitcheck: interrupted"]
     time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        __import__("os").kill(target_pid, 0)
+    assert not running(target_pid)
+
+
+def test_children_the_target_started_do_not_outlive_the_validation(tmp_path):
+    marker = tmp_path / "child"
+    (tmp_path / "forker.py").write_text(
+        "import subprocess\nfrom pitcheck.nn import make as _make\n"
+        "def make(V, D, **kw):\n"
+        "    child = subprocess.Popen(['sleep', '600'])\n"
+        f"    open({str(marker)!r}, 'a').write(str(child.pid) + '\\n')\n"
+        "    return _make(V, D, **kw)\n")
+    result = validate(f"{tmp_path / 'forker.py'}:make", "float32", checks="bad_input", **SMALL)
+    assert result.exit_status == 0
+    time.sleep(0.5)
+    assert not any(running(pid) for pid in map(int, marker.read_text().split()))
+
+
+BATCH_BUGS = {
+    # a (B, T, D) "fast path" in the head that gives every sequence the logits of sequence 0
+    "logits_first_sequence": "    inner = m.logits\n"
+                             "    m.logits = lambda h: inner(h) if h.dim() < 3 else inner(h[:1]).expand(h.shape[0], *inner(h[:1]).shape[1:])\n",
+    # (B, T) ids embedded in column-major order
+    "embed_column_major": "    inner = m.embed\n"
+                          "    m.embed = lambda ids: inner(ids) if ids.dim() < 2 else inner(ids.T.reshape(-1)).reshape(*ids.shape, -1)\n",
+}
+
+
+@pytest.mark.parametrize("bug", sorted(BATCH_BUGS))
+def test_maps_applied_to_batches_of_sequences_are_checked(tmp_path, bug):
+    (tmp_path / "batched.py").write_text(
+        "from pitcheck.nn import make as _make\n"
+        "def make(V, D, **kw):\n"
+        "    m = _make(V, D, **kw)\n" + BATCH_BUGS[bug] + "    return m\n")
+    result = validate(f"{tmp_path / 'batched.py'}:make", "float32", checks="reference", **{**SMALL, "steps": 1})
+    assert result.failed() == ["reference"] and "(B, T) batches" in result.by_name()["reference"].reason
+
+
+def test_an_optimizer_that_is_not_one_is_a_target_error(tmp_path):
+    (tmp_path / "noopt.py").write_text(
+        "from pitcheck.nn import make as _make\n"
+        "def make(V, D, **kw):\n"
+        "    m = _make(V, D, **kw)\n"
+        "    m.configure_optimizer = lambda params: None\n"
+        "    return m\n")
+    result = validate(f"{tmp_path / 'noopt.py'}:make", "float32", checks="trajectory", **SMALL)
+    assert result.exit_status == 2 and "configure_optimizer returned NoneType" in result.fatal
+
+
+def test_a_target_file_may_share_a_name_with_a_library_module(tmp_path):
+    (tmp_path / "json.py").write_text("from pitcheck.nn import make\n")
+    result = validate(f"{tmp_path / 'json.py'}:make", "float32", checks="contract", **SMALL)
+    assert result.exit_status == 0, result.fatal
 
 
 def test_a_target_that_raises_in_a_check_fails_that_check(tmp_path, monkeypatch):
@@ -152,6 +213,14 @@ def test_bad_validate_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(["validate", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.parametrize("option", ["--json", "--report", "--junit"])
+def test_unwritable_output_paths_are_refused_before_validating(tmp_path, option, capsys):
+    for path, message in ((tmp_path, "is a directory"), (tmp_path / "missing" / "r.out", "does not exist")):
+        assert main(["validate", "pitcheck.nn:make", option, str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
 
 
 def test_python_api_rejects_bad_options():
@@ -209,6 +278,23 @@ def test_pytest_plugin_adds_one_item_per_check_with_xfail_reasons(tmp_path):
     assert "XFAIL" in out and "known: one solve" in out
     assert "FAILED" in out and "pitcheck[tests.zoo.broken_one_solve:make-float32-reference]" in out
     assert "1 failed, 1 passed" in out and "1 xfailed" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pitcheck-dtype", "float8"], "unknown dtype"),
+    (["--pitcheck-dtype", ","], "names no dtype"),
+    (["--pitcheck-timeout", "0"], "--timeout must be"),
+    (["--pitcheck-xfail", "BINARY"], "not a UTF-8 text file"),
+    (["--pitcheck-xfail", "TYPO"], "penrsoe names no selected check"),
+])
+def test_pytest_plugin_refuses_bad_options_as_usage_errors(tmp_path, args, message):
+    (tmp_path / "BINARY").write_bytes(b"\xff\xfe\x00penrose")
+    (tmp_path / "TYPO").write_text("penrsoe  # typo\n")
+    args = [str(tmp_path / a) if a in ("BINARY", "TYPO") else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "pitcheck",
+                           "--pitcheck", "pitcheck.nn:make", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
 
 
 def test_pytest_plugin_is_inert_without_the_option():

@@ -113,6 +113,21 @@ def test_bf16_cannot_resolve_a_badly_conditioned_pair():
     assert verdict("penrose", probe_of(("init", maps(cond=1.0, dtype="bfloat16"))), BF16).verdict == "pass"
 
 
+def test_singular_maps_fail_rather_than_being_unresolvable():
+    # all-zero maps: cond(T) is infinite, so every unit is; that is a singular T, not a hard question
+    zeros = (np.zeros((V, D)), np.zeros((D, V)))
+    for check in ("penrose", "trajectory"):
+        result = verdict(check, probe_of(("a", zeros), ("b", maps())))
+        assert result.verdict == "fail" and "rank deficient" in result.reason
+
+
+def test_trajectory_that_never_moved_is_inconclusive():
+    E, W = maps()
+    result = verdict("trajectory", probe_of(("step 0", (E, W)), ("step 20", (E.copy(), W.copy()))))
+    assert result.verdict == "inconclusive" and "did not change" in result.reason
+    assert verdict("trajectory", probe_of(("step 0", (E, W)))).verdict == "inconclusive"
+
+
 def test_non_finite_maps_fail():
     E, W = maps()
     E[3, 1] = np.nan

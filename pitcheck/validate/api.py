@@ -25,7 +25,9 @@ def parse_checks(checks) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _check_options(dtype, device, vocab, dim, steps, seed, timeout) -> None:
+def check_options(dtype, device="auto", vocab=DEFAULT_VOCAB, dim=DEFAULT_DIM, steps=DEFAULT_STEPS, seed=0,
+                  timeout=DEFAULT_TIMEOUT) -> None:
+    """Raise PitcheckError with a one-line reason for options that cannot make a validation."""
     if dtype not in DTYPES:
         raise PitcheckError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if device not in ("auto", "cpu", "cuda"):
@@ -33,6 +35,8 @@ def _check_options(dtype, device, vocab, dim, steps, seed, timeout) -> None:
     for name, value, low in (("vocab", vocab, 2), ("dim", dim, 1), ("steps", steps, 0), ("seed", seed, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise PitcheckError(f"--{name} must be an integer >= {low}, got {value!r}")
+    if seed >= 2**63:
+        raise PitcheckError(f"--seed must be below 2^63, got {seed}")
     if vocab < 2 * dim:
         raise PitcheckError(f"--vocab {vocab} must be at least 2 x --dim {dim}: the memory is a tall V x D matrix")
     if vocab * dim > 2**27:
@@ -57,7 +61,7 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
     `fatal` set and exit_status 2.
     """
     names = parse_checks(checks)
-    _check_options(dtype, device, vocab, dim, steps, seed, timeout)
+    check_options(dtype, device, vocab, dim, steps, seed, timeout)
     factory = None
     if callable(target):
         spec = describe_callable(target)
@@ -94,7 +98,7 @@ def _run_here(factory, request: dict) -> TargetRun:
         log = worker.PhaseLog(out / "phases.log")
         try:
             worker.collect(factory, request, out, log)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a factory calling sys.exit must not end the caller
             phases = (out / "phases.log").read_text().split("\n")
             phase = phases[-2] if len(phases) > 1 else "build"
             run.fatal = f"target failed during {phase}: {describe_exception(exc)}"

@@ -121,7 +121,11 @@ class Verdicts:
         """Judge `value` against TAU * scale; scale is what a correct implementation may commit (its unit)."""
         r = value / scale if scale > 0 else math.inf
         row.update({"state": label, "measure": what, "raw": value, "ratio": r, "threshold": TAU})
-        if TAU * scale > RESOLVABLE:
+        if not math.isfinite(scale):
+            # an infinite unit is an infinite cond(T): a singular map, not an unresolvable question
+            row["verdict"] = "fail"
+            self.failures.append(f"{label}: the maps are rank deficient (cond(T) infinite), so {what} is undefined")
+        elif TAU * scale > RESOLVABLE:
             row["verdict"] = "inconclusive"
             self.unresolved.append(f"{label}: {self.ctx.dtype} cannot resolve {what} (threshold {TAU * scale:.2g})")
         elif not r <= TAU:
@@ -244,15 +248,22 @@ def check_reference(probe: Probe, ctx: Context) -> CheckResult:
         err = float(np.linalg.norm(E - E_ref) / np.linalg.norm(E_ref))
         v.ratio(label, err, ctx.unit(cond), "embedding forward error", cond_T=cond)
     if "embed_rows" in probe.arrays:
-        E, W = probe.arrays[f"E:{probe.facts['states'][-1]['label']}"], probe.arrays[f"W:{probe.facts['states'][-1]['label']}"]
-        ids, rows = probe.arrays["ids"], probe.arrays["embed_rows"]
-        gathered = E[ids]
-        err = float(np.linalg.norm(rows - gathered) / max(np.linalg.norm(gathered), 1e-300))
-        v.ratio("batched", err, ctx.unit(), "embed(ids) against rows of the full embedding")
-        H, lg = probe.arrays["hidden"], probe.arrays["logits_rows"]
-        exact = H @ W
-        err = float(np.linalg.norm(lg - exact) / max(np.linalg.norm(H) * np.linalg.norm(W), 1e-300))
-        v.ratio("batched", err, ctx.unit(), "logits(h) against h W (W = logits(I))")
+        last = probe.facts["states"][-1]["label"]
+        E, W = probe.arrays[f"E:{last}"], probe.arrays[f"W:{last}"]
+        for label, ids, rows, H, lg in (
+                ("batched", probe.arrays["ids"], probe.arrays["embed_rows"], probe.arrays["hidden"],
+                 probe.arrays["logits_rows"]),
+                ("(B, T) batches", probe.arrays["ids_grid"], probe.arrays["embed_grid"], probe.arrays["hidden_grid"],
+                 probe.arrays["logits_grid"])):
+            gathered = E[ids]
+            if rows.shape != gathered.shape or lg.shape != H.shape[:-1] + (W.shape[1],):
+                v.fail(label, f"embed gave shape {rows.shape} (expected {gathered.shape}), logits {lg.shape}")
+                continue
+            err = float(np.linalg.norm(rows - gathered) / max(np.linalg.norm(gathered), 1e-300))
+            v.ratio(label, err, ctx.unit(), "embed(ids) against rows of the full embedding")
+            exact = H @ W
+            err = float(np.linalg.norm(lg - exact) / max(np.linalg.norm(H) * np.linalg.norm(W), 1e-300))
+            v.ratio(label, err, ctx.unit(), "logits(h) against h W (W = logits(I))")
     return v.done()
 
 
@@ -327,7 +338,12 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
 def check_trajectory(probe: Probe, ctx: Context) -> CheckResult:
     """Along the run: Penrose residuals and the memory's orthonormality, each in units of cond(T) u."""
     v = Verdicts("trajectory", ctx)
-    for state, E, W in _states(probe):
+    states = list(_states(probe))
+    if len(states) < 2 or all(np.array_equal(states[0][1], E) and np.array_equal(states[0][2], W)
+                              for _, E, W in states[1:]):
+        # nothing moved (no steps, an optimizer over the wrong parameters): a pass would say nothing
+        v.inconclusive("trajectory", "the module's own steps did not change its maps")
+    for state, E, W in states:
         label = state["label"]
         m = interface(E, W)
         if not m["finite"]:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +46,23 @@ def _stderr_tail(path: Path) -> str:
     return lines[-1].strip()[:200] if lines else ""
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run_isolated(request: dict, timeout: float) -> TargetRun:
-    """Run the worker on `request` (see worker.py) and gather what it produced within `timeout` s."""
+    """Run the worker on `request` (see worker.py) and gather what it produced within `timeout` s.
+    SIGTERM (a cancelled CI job) unwinds like Ctrl-C, so the target's process group is killed."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
+    try:
+        return _run_isolated(request, timeout)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_isolated(request: dict, timeout: float) -> TargetRun:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pitcheck-validate-") as tmp:
         out = Path(tmp)
@@ -66,14 +82,13 @@ def run_isolated(request: dict, timeout: float) -> TargetRun:
             except subprocess.TimeoutExpired:
                 pass
             finally:
-                # on a timeout, and on Ctrl-C or any error here, the target's whole process group goes
-                # (it runs in its own session, so a terminal's SIGINT never reached it)
-                if proc.poll() is None or timed_out:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait()
+                # always, the target's whole process group goes: on a timeout, on Ctrl-C or SIGTERM, and
+                # after a clean exit too (children it forked must not outlive the validation)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
         run = TargetRun(seconds=time.monotonic() - start)
         for name in request["checks"]:
             path = out / f"{name}.npz"

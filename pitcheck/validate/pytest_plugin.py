@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, parse_checks
+from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, check_options, parse_checks
 
 
 def pytest_addoption(parser) -> None:
@@ -32,9 +32,11 @@ def read_xfails(path: str | None) -> dict[str, str]:
     if not path:
         return {}
     try:
-        text = open(path).read()
+        text = open(path, encoding="utf-8").read()
     except OSError as exc:
         raise pytest.UsageError(f"--pitcheck-xfail {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise pytest.UsageError(f"--pitcheck-xfail {path}: not a UTF-8 text file") from None
     out = {}
     for line in text.splitlines():
         entry, _, reason = line.partition("#")
@@ -100,12 +102,22 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     targets = config.getoption("pitcheck", default=None)
     if not targets:
         return
+    opt = config.getoption
+    dtypes = [d.strip() for d in opt("pitcheck_dtype").split(",") if d.strip()]
     try:
-        checks = parse_checks(config.getoption("pitcheck_checks"))
+        checks = parse_checks(opt("pitcheck_checks"))
+        if not dtypes:
+            raise ValueError("--pitcheck-dtype names no dtype")
+        for dtype in dtypes:
+            check_options(dtype, vocab=opt("pitcheck_vocab"), dim=opt("pitcheck_dim"), steps=opt("pitcheck_steps"),
+                          timeout=opt("pitcheck_timeout"))
     except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    xfails = read_xfails(config.getoption("pitcheck_xfail"))
-    dtypes = [d.strip() for d in config.getoption("pitcheck_dtype").split(",") if d.strip()]
+        raise pytest.UsageError(f"pitcheck: {exc}") from None
+    xfails = read_xfails(opt("pitcheck_xfail"))
+    ids = {f"pitcheck[{t}-{d}-{c}]" for t in targets for d in dtypes for c in checks}
+    unknown = [entry for entry in xfails if entry not in checks and entry not in ids]
+    if unknown:
+        raise pytest.UsageError(f"--pitcheck-xfail: {', '.join(unknown)} names no selected check or item id")
     for target in targets:
         for dtype in dtypes:
             for check in checks:

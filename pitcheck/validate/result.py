@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from ..errors import PitcheckError
 from .checks import CheckResult
 
 EXIT_PASS, EXIT_FAIL, EXIT_TARGET = 0, 1, 2
@@ -114,6 +115,20 @@ class ValidationResult:
                            (report, self.markdown), (junit, self.junit)):
             if path:
                 _write_atomic(Path(path), text())
+
+
+def check_output_path(path: str | None, option: str) -> None:
+    """Refuse an output path that cannot be written before the validation runs, not after."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise PitcheckError(f"{option} {path} is a directory, not a file")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise PitcheckError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise PitcheckError(f"{option} {path}: directory {parent} is not writable")
 
 
 def _write_atomic(path: Path, text: str) -> None:

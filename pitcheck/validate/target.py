@@ -54,9 +54,11 @@ def load_factory(spec: str):
         if not path.is_file():
             raise TargetError(f"target file {where} does not exist")
         sys.path.insert(0, str(path.resolve().parent))
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        # a name of its own: a target file called json.py must not replace the json module
+        name_in_modules = f"_pitcheck_target_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name_in_modules, path)
         module = importlib.util.module_from_spec(module_spec)
-        sys.modules[path.stem] = module
+        sys.modules[name_in_modules] = module
         module_spec.loader.exec_module(module)
     else:
         module = importlib.import_module(where)
