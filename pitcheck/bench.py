@@ -35,3 +35,484 @@ def pin_threads(n: int = 1) -> list[str]:
                 done.append(path.rsplit("/", 1)[-1])
                 break
     return done
+
+
+# ---------------------------------------------------------------------------------------------------
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import PitcheckError
+
+QUICK_SHAPES = [(4096, 32), (16384, 64), (8192, 128), (65536, 32)]
+FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
+# the V x V peers run up to this V (their cost grows like V^3; above it they are reported, not run)
+VV_LIMIT = {"quick": 2048, "full": 8192}
+STEP_RETRACTIONS = ("qr", "cholqr2", "cayley", "polar-gram")
+TARGETS = [  # (what, shape or None for every tall shape, ceiling in GEMM units)
+    ("cholqr2", (8192, 128), 3.5),
+    ("cayley", None, 5.0),
+    ("qr", None, 4.0),
+    ("polar-gram", None, 2.5),
+    ("step:qr", (65536, 32), 15.0),
+    ("metrics", (65536, 32), 60.0),
+]
+
+
+@dataclass
+class Case:
+    """Something to time at one shape: fn() does one unit of work (a retraction, a step, a record)."""
+    name: str
+    kind: str  # gemm, retraction, peer, step, metrics
+    fn: object
+    vocab: int
+    dim: int
+    precision: str = "fp32"
+    peer: str | None = None
+    approximate: bool = False
+    note: str = ""
+    times: list = field(default_factory=list)
+    reps: int = 1
+
+
+def _cpu_seconds() -> float:
+    return time.process_time()
+
+
+def _calibrate(fn, target_s: float) -> int:
+    t0 = _cpu_seconds()
+    fn()
+    t = _cpu_seconds() - t0
+    return max(1, min(50, int(math.ceil(target_s / max(t, 1e-6)))))
+
+
+def time_interleaved(cases: list[Case], rounds: int, target_s: float = 0.02, seed: int = 0) -> None:
+    """Each round times every case once (reps calls, CPU time), in a shuffled order; keeps all samples.
+    The minimum over rounds is the estimate: the least disturbed by other jobs on shared cores."""
+    for c in cases:
+        c.reps = _calibrate(c.fn, target_s)  # also the warm-up
+    order = list(cases)
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for c in order:
+            t0 = _cpu_seconds()
+            for _ in range(c.reps):
+                c.fn()
+            c.times.append((_cpu_seconds() - t0) / c.reps)
+
+
+def _tall_point(V: int, D: int, dtype, seed: int = 0):
+    import numpy as np
+    import torch
+
+    from .reference import random_memory
+    from .retractions import tangent_projection
+
+    rng = np.random.default_rng(seed)
+    Z = random_memory(V, D, rng)
+    xi = tangent_projection(Z, rng.standard_normal((V, D)))
+    xi *= 1e-2 * math.sqrt(D) / np.linalg.norm(xi)
+    return torch.from_numpy(Z).to(dtype).contiguous(), torch.from_numpy(xi).to(dtype).contiguous()
+
+
+def _vv_bytes(V: int, itemsize: int = 4) -> int:
+    return V * V * itemsize
+
+
+def peer_cases(V: int, D: int, Z, xi, mode: str) -> tuple[list[Case], list[dict]]:
+    """The peers that fit; and a note for each that was not run (not installed, or V x V too large)."""
+    import torch
+
+    from .trajectory import available_memory
+
+    cases, notes = [], []
+
+    # torch's own orthogonal parametrisation, Householder map, no trivialisation: tall-friendly
+    from torch.nn.utils.parametrizations import orthogonal
+
+    lin = torch.nn.Linear(D, V, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(Z + xi)
+    orthogonal(lin, orthogonal_map="householder", use_trivialization=False)
+
+    def householder():
+        with torch.no_grad():
+            return lin.weight
+
+    cases.append(Case("torch householder", "peer", householder, V, D, peer="torch.nn.utils.parametrizations."
+                      "orthogonal(householder, use_trivialization=False)"))
+    try:
+        import geoopt
+    except ImportError:
+        notes.append({"peer": "geoopt", "vocab": V, "dim": D, "status": "not installed (pip install pitcheck[bench])"})
+    else:
+        es = geoopt.EuclideanStiefel()
+        cases.append(Case("geoopt QR", "peer", lambda: es.retr(Z, xi), V, D, peer="geoopt.EuclideanStiefel.retr"))
+        cs = geoopt.CanonicalStiefel()
+        if V <= VV_LIMIT[mode] and _vv_bytes(V) * 6 < (available_memory() or 0):
+            cases.append(Case("geoopt Cayley", "peer", lambda: cs.retr(Z, xi), V, D,
+                              peer="geoopt.CanonicalStiefel.retr", note="forms V x V"))
+        else:
+            notes.append({"peer": "geoopt Cayley", "vocab": V, "dim": D, "status": _vv_status(V, mode)})
+    try:
+        import geotorch
+    except ImportError:
+        notes.append({"peer": "geotorch", "vocab": V, "dim": D, "status": "not installed (pip install pitcheck[bench])"})
+    else:
+        if V <= VV_LIMIT[mode] and _vv_bytes(V) * 8 < (available_memory() or 0):
+            glin = torch.nn.Linear(D, V, bias=False)
+            geotorch.orthogonal(glin, "weight")
+
+            def geo():
+                with torch.no_grad():
+                    return glin.weight
+
+            cases.append(Case("geotorch", "peer", geo, V, D, peer="geotorch.orthogonal (Stiefel, pads to SO(V))",
+                              note="forms V x V"))
+        else:
+            notes.append({"peer": "geotorch", "vocab": V, "dim": D, "status": _vv_status(V, mode)})
+    return cases, notes
+
+
+def _vv_status(V: int, mode: str) -> str:
+    from .trajectory import available_memory
+
+    need = _vv_bytes(V) * 6
+    have = available_memory() or 0
+    if need >= have:
+        return f"does not fit (V x V work space ~{need / 2**30:.3g} GiB, {have / 2**30:.3g} GiB available)"
+    return f"not run: forms a V x V matrix ({_vv_bytes(V) / 2**30:.3g} GiB), over the {mode} limit V <= {VV_LIMIT[mode]}"
+
+
+def retraction_cases(V: int, D: int, Z, xi, names) -> list[Case]:
+    from .arrays import TorchOps
+    from .retractions import APPROXIMATE, RETRACTIONS
+
+    ops = TorchOps()
+    return [Case(n, "retraction", (lambda f=RETRACTIONS[n]: f(Z, xi, ops)), V, D, approximate=n in APPROXIMATE)
+            for n in names]
+
+
+def step_cases(V: int, D: int, retractions, precisions=("fp32",)) -> list[Case]:
+    """A full engine step (gradients in the engine's stream, optimizer, retraction), and one metrics
+    record, on a torch CPU engine without the float64 shadow."""
+    from .gradients import AdversaryParams, parse_adversary
+    from .policy import get_policy
+    from .trajectory import RunConfig, initial_state, make_engine
+
+    cases = []
+    for prec in precisions:
+        for r in retractions:
+            cfg = RunConfig(backend="torch", precision=prec, retraction=r, vocab=V, dim=D, device="cpu", shadow=False)
+            eng = make_engine(cfg, "torch", get_policy(prec), "cpu")
+            eng.initialise(*initial_state(cfg))
+            names, params, counter = parse_adversary(cfg.adversary), AdversaryParams(), [0]
+
+            def one_step(eng=eng, names=names, params=params, counter=counter, seed=cfg.seed):
+                grads = eng.gradients(names, seed, counter[0], params, None)
+                eng.step(grads, counter[0])
+                counter[0] += 1
+
+            cases.append(Case(f"step:{r}", "step", one_step, V, D, precision=prec))
+            if r == retractions[0]:
+                cases.append(Case("metrics", "metrics", eng.interface, V, D, precision=prec))
+    return cases
+
+
+def machine() -> dict:
+    import numpy
+    import torch
+
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": numpy.__version__, "threads": 1, "clock": "process CPU time",
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def fit_scaling(results: list[dict]) -> dict:
+    """Least-squares exponents (a, b) of ms ~ V^a D^b per retraction, over the shapes timed."""
+    import numpy as np
+
+    out = {}
+    names = sorted({r["retraction"] for r in results if r["kind"] in ("retraction", "gemm")})
+    for n in names:
+        pts = [(math.log(r["vocab"]), math.log(r["dim"]), math.log(r["ms"])) for r in results
+               if r["retraction"] == n and r["kind"] in ("retraction", "gemm") and r["ms"] > 0]
+        if len(pts) < 3 or len({p[0] for p in pts}) < 2 or len({p[1] for p in pts}) < 2:
+            continue
+        A = np.array([[1.0, p[0], p[1]] for p in pts])
+        coef = np.linalg.lstsq(A, np.array([p[2] for p in pts]), rcond=None)[0]
+        out[n] = {"V": round(float(coef[1]), 2), "D": round(float(coef[2]), 2), "shapes": len(pts)}
+    return out
+
+
+def tracking_fraction(results: list[dict], steps_list=(300, 2000)) -> list[dict]:
+    """Share of a run spent in metric records on the default recording schedule, from the timed step and
+    record costs at each shape (checkpoint writes not included)."""
+    from .trajectory import RunConfig, recorded_steps
+
+    out = []
+    for r in results:
+        if r["kind"] != "metrics":
+            continue
+        step = next((s for s in results if s["kind"] == "step" and s["vocab"] == r["vocab"]
+                     and s["dim"] == r["dim"] and s["precision"] == r["precision"]), None)
+        if not step:
+            continue
+        for steps in steps_list:
+            n = len(recorded_steps(steps, RunConfig.records_per_decade))
+            total = steps * step["ms"] + n * r["ms"]
+            out.append({"vocab": r["vocab"], "dim": r["dim"], "precision": r["precision"], "steps": steps,
+                        "records": n, "fraction": round(n * r["ms"] / total, 4), "step_with": step["retraction"]})
+    return out
+
+
+def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
+              steps: bool = True, echo=None) -> dict:
+    """Time every retraction, peer, full step and metrics record at each shape, against Z^T Z of the
+    same shape and dtype timed in the same interleaved rounds. Returns the JSON document."""
+    import torch
+
+    from .retractions import RETRACTIONS
+
+    mode = "quick" if quick else "full"
+    shapes = shapes or (QUICK_SHAPES if quick else FULL_SHAPES)
+    rounds = rounds or (5 if quick else 9)
+    names = [n for n in (retractions or RETRACTIONS) if n != "none"]
+    pinned = pin_threads(1)
+    results, notes = [], []
+    for V, D in shapes:
+        from .trajectory import check_memory
+
+        check_memory(V, D, "the benchmark")
+        Z, xi = _tall_point(V, D, torch.float32)
+        cases = [Case("gemm", "gemm", lambda Z=Z: Z.T @ Z, V, D)]
+        cases += retraction_cases(V, D, Z, xi, names)
+        if peers:
+            pc, pn = peer_cases(V, D, Z, xi, mode)
+            cases += pc
+            notes += pn
+        if steps:
+            cases += step_cases(V, D, [r for r in STEP_RETRACTIONS if r in names] or names[:1])
+        time_interleaved(cases, rounds)
+        gemm = {c.precision: min(c.times) for c in cases if c.kind == "gemm"}
+        g = gemm["fp32"]
+        for c in cases:
+            ms = min(c.times) * 1e3
+            results.append({"retraction": c.name, "kind": c.kind, "precision": c.precision, "vocab": V, "dim": D,
+                            "ms": round(ms, 4), "gemm_ms": round(g * 1e3, 4), "ratio": round(ms / (g * 1e3), 3),
+                            "peer": c.peer, "approximate": c.approximate, "rounds": len(c.times), "reps": c.reps,
+                            "spread": round(max(c.times) / min(c.times), 2) if min(c.times) > 0 else None})
+        if echo:
+            echo(V, D, [r for r in results if r["vocab"] == V and r["dim"] == D])
+    doc = {"machine": {**machine(), "pinned": pinned}, "mode": mode, "rounds": rounds, "results": results,
+           "not_run": notes}
+    doc["scaling"] = fit_scaling(results)
+    doc["tracking"] = tracking_fraction(results)
+    doc["targets"] = check_targets(results, doc["tracking"])
+    return doc
+
+
+def check_targets(results: list[dict], tracking: list[dict]) -> list[dict]:
+    out = []
+    tall = sorted({(r["vocab"], r["dim"]) for r in results})
+    for what, shape, limit in TARGETS:
+        for V, D in ([shape] if shape else tall):
+            r = next((x for x in results if x["retraction"] == what and (x["vocab"], x["dim"]) == (V, D)), None)
+            if r is None:
+                continue
+            out.append({"target": f"{what} <= {limit:g}", "vocab": V, "dim": D, "ratio": r["ratio"],
+                        "reached": r["ratio"] <= limit})
+    for V, D in tall:
+        qr = next((x for x in results if x["retraction"] == "qr" and (x["vocab"], x["dim"]) == (V, D)), None)
+        peers = [x for x in results if x["kind"] == "peer" and (x["vocab"], x["dim"]) == (V, D)]
+        if qr and peers:
+            best = min(peers, key=lambda x: x["ratio"])
+            out.append({"target": "qr <= fastest peer", "vocab": V, "dim": D, "ratio": qr["ratio"],
+                        "peer": best["retraction"], "peer_ratio": best["ratio"], "reached": qr["ratio"] <= best["ratio"]})
+    for t in tracking:
+        if t["steps"] == 2000:
+            out.append({"target": "metric tracking <= 10% of a run", "vocab": t["vocab"], "dim": t["dim"],
+                        "ratio": t["fraction"], "reached": t["fraction"] <= 0.10})
+    return out
+
+
+# ---------------------------------------------------------------- output
+
+COLUMN_ORDER = ["polar-gram", "polar-ns", "cholqr", "cholqr2", "qr", "polar", "cayley", "cayley-iter", "ns5"]
+
+
+def table(doc: dict) -> str:
+    """Markdown: one row per shape, ratios to the GEMM floor; peers and steps after the retractions."""
+    res = doc["results"]
+    shapes = sorted({(r["vocab"], r["dim"]) for r in res}, key=lambda s: (s[1], s[0]))
+    names = [n for n in COLUMN_ORDER if any(r["retraction"] == n for r in res)]
+    names += sorted({r["retraction"] for r in res if r["kind"] == "retraction"} - set(names))
+    peers = sorted({r["retraction"] for r in res if r["kind"] == "peer"},
+                   key=lambda n: ["torch householder", "geoopt QR", "geoopt Cayley", "geotorch"].index(n)
+                   if n in ["torch householder", "geoopt QR", "geoopt Cayley", "geotorch"] else 9)
+    steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics")}, key=lambda n: (n == "metrics", n))
+    cols = names + peers + steps
+    label = {n: (f"{n} (approx.)" if any(r["retraction"] == n and r.get("approximate") for r in res) else n)
+             for n in cols}
+    label.update({n: f"full {n}" for n in steps if n.startswith("step:")})
+    label["metrics"] = "metrics record"
+    lines = ["| V x D (fp32) | GEMM ms | " + " | ".join(label[c] for c in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    notes = {(n["vocab"], n["dim"], n["peer"]): n["status"] for n in doc.get("not_run", [])}
+    for V, D in shapes:
+        row = {r["retraction"]: r for r in res if (r["vocab"], r["dim"]) == (V, D)}
+        cells = []
+        for c in cols:
+            if c in row:
+                cells.append(f"{row[c]['ratio']:.3g}")
+            else:
+                st = notes.get((V, D, c), "")
+                cells.append("does not fit" if st.startswith("does not fit") else ("not run" if st else "-"))
+        gemm = next(r["gemm_ms"] for r in res if (r["vocab"], r["dim"]) == (V, D))
+        lines.append(f"| {V} x {D} | {gemm:.3g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(doc: dict) -> str:
+    m = doc["machine"]
+    out = [f"# pitcheck bench ({doc['mode']})", "",
+           f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, one thread "
+           f"({', '.join(m.get('pinned', []))} pinned), {m['clock']}, minimum of {doc['rounds']} interleaved rounds; "
+           f"load average at the end {m.get('load_average')}.", "",
+           "Ratios to the Z^T Z GEMM of the same shape and dtype, timed in the same rounds.", "", table(doc), ""]
+    if doc.get("not_run"):
+        out += ["Not run:", ""] + [f"- {n['peer']} at {n['vocab']} x {n['dim']}: {n['status']}" for n in doc["not_run"]] + [""]
+    if doc.get("scaling"):
+        out += ["Fitted scaling ms ~ V^a D^b (expected a = 1, b = 2 for O(V D^2)):", "",
+                "| | a (V) | b (D) |", "|---|---|---|"]
+        out += [f"| {n} | {s['V']} | {s['D']} |" for n, s in doc["scaling"].items()] + [""]
+    if doc.get("tracking"):
+        out += ["Metric tracking as a share of a run on the default schedule (records_per_decade = 10; checkpoint "
+                "writes not included):", "", "| V x D | steps | records | share |", "|---|---|---|---|"]
+        out += [f"| {t['vocab']} x {t['dim']} | {t['steps']} | {t['records']} | {100 * t['fraction']:.1f}% |"
+                for t in doc["tracking"]] + [""]
+    if doc.get("targets"):
+        out += ["Targets (issue 9):", "", "| target | V x D | measured | reached |", "|---|---|---|---|"]
+        for t in doc["targets"]:
+            extra = f" (fastest peer {t['peer']} {t['peer_ratio']:.3g})" if "peer" in t else ""
+            out.append(f"| {t['target']} | {t['vocab']} x {t['dim']} | {t['ratio']:.3g}{extra} | "
+                       f"{'yes' if t['reached'] else 'no'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(doc: dict, path: Path) -> Path:
+    from .report import _pyplot, _save_figure
+
+    plt = _pyplot()
+    res = [r for r in doc["results"] if r["kind"] in ("retraction", "gemm", "peer")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, (axis, other) in zip(axes, (("vocab", "dim"), ("dim", "vocab"))):
+        fixed = max({r[other] for r in res}, key=lambda v: sum(1 for r in res if r[other] == v))
+        sel = [r for r in res if r[other] == fixed]
+        for n in sorted({r["retraction"] for r in sel}):
+            pts = sorted((r[axis], r["ms"]) for r in sel if r["retraction"] == n)
+            if len(pts) >= 1:
+                ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if n == "gemm" else "-",
+                          label=n, lw=2 if n == "gemm" else 1)
+        ax.set_xlabel(f"{'V' if axis == 'vocab' else 'D'} ({'D' if other == 'dim' else 'V'} = {fixed})")
+        ax.set_ylabel("ms (CPU, one thread)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.suptitle("cost of a retraction against the Z^T Z GEMM floor", fontsize=10)
+    fig.tight_layout()
+    return _save_figure(plt, fig, path)
+
+
+# ---------------------------------------------------------------- command line
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        v, d = text.lower().split("x")
+        V, D = int(v), int(d)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape {text!r}: write VxD, e.g. 8192x128") from None
+    if not (V >= 2 and 1 <= D <= V):
+        raise argparse.ArgumentTypeError(f"shape {text!r}: need 1 <= D <= V")
+    return V, D
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="cost of each retraction, peer, full step and metrics record, as "
+                                            "ratios to the GEMM floor measured in the same run")
+    p.add_argument("--quick", action="store_true", help=f"shapes {', '.join(f'{v}x{d}' for v, d in QUICK_SHAPES)}, "
+                                                        "5 rounds, V x V peers only up to V = 2048")
+    p.add_argument("--json", metavar="FILE", help="write {machine, results: [{retraction, precision, vocab, dim, ms, "
+                                                  "gemm_ms, ratio, peer}], ...}")
+    p.add_argument("--out", metavar="DIR", help="write report.md, bench.json and bench.png here")
+    p.add_argument("--shape", type=_shape, action="append", metavar="VxD", help="shapes to time (repeatable)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (minimum taken); default 5 quick, 9 full")
+    p.add_argument("--retractions", help="comma-separated subset (default: all)")
+    p.add_argument("--no-peers", action="store_true", help="skip torch/geoopt/geotorch peers")
+    p.add_argument("--no-steps", action="store_true", help="skip full steps and metrics records")
+    p.set_defaults(func=main_bench)
+    return p
+
+
+def main_bench(args) -> int:
+    from .retractions import RETRACTIONS
+
+    def err(msg):
+        print(f"pitcheck bench: error: {msg}", file=sys.stderr)
+        return 2
+
+    names = None
+    if args.retractions:
+        names = [n.strip() for n in args.retractions.split(",") if n.strip()]
+        bad = [n for n in names if n not in RETRACTIONS]
+        if bad or not names:
+            return err(f"--retractions: unknown retraction {bad[0] if bad else ''!r}; choose from {', '.join(RETRACTIONS)}")
+    if args.rounds is not None and args.rounds < 1:
+        return err(f"--rounds must be >= 1, got {args.rounds}")
+    for flag, path in (("--json", args.json),):
+        if path and (Path(path).is_dir() or not Path(path).parent.exists()):
+            return err(f"{flag} {path}: not a writable file path")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        return err(f"--out {args.out} is a file; name a directory")
+
+    def echo(V, D, rows):
+        print(f"{V} x {D}: " + ", ".join(f"{r['retraction']} {r['ratio']:.3g}" for r in rows), file=sys.stderr,
+              flush=True)
+
+    try:
+        doc = run_bench(args.shape, quick=args.quick, rounds=args.rounds, retractions=names,
+                        peers=not args.no_peers, steps=not args.no_steps, echo=echo)
+    except PitcheckError as exc:
+        return err(str(exc))
+    text = report(doc)
+    print(text)
+    payload = json.dumps(doc, indent=2) + "\n"
+    if args.json:
+        Path(args.json).write_text(payload)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(text + "\n")
+        (out / "bench.json").write_text(payload)
+        plot(doc, out / "bench.png")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="pitcheck")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    return main_bench(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
