@@ -346,3 +346,27 @@ def test_input_checks_of_the_factor_and_u():
             metrics.unit_roundoff(bad)
     assert metrics.unit_roundoff(0.5) == 0.5
     assert metrics.unit_roundoff(1 - 2.0**-53) == 1 - 2.0**-53
+
+
+def test_as_factor_refuses_a_non_square_lower_trapezoid():
+    with pytest.raises(PitcheckError, match="square"):
+        metrics.as_factor(np.tril(np.ones((3, 2))))
+
+
+def test_interface_metrics_sample_256_rows_by_default():
+    """The solve errors are measured on sample_ids(V, 256): an error in a row outside that sample is
+    not seen, one inside it is."""
+    V = 300
+    Z = np.zeros((V, 2))
+    Z[:, 0] = 1 / math.sqrt(V)
+    Z[0, 1] = 1.0
+    L = np.eye(2)
+    inside = set(metrics.sample_ids(V, 256).tolist())
+    outside_255 = sorted(inside - set(metrics.sample_ids(V, 255).tolist()))[0]
+    outside_256 = sorted(set(range(V)) - inside)[0]
+    E = Z.copy()
+    E[outside_255, 0] += 1e-9
+    assert metrics.interface_metrics(Z, L, E, U32)["trisolve_forward"] > 1e-8
+    E = Z.copy()
+    E[outside_256, 0] += 1e-9
+    assert metrics.interface_metrics(Z, L, E, U32)["trisolve_forward"] == 0.0

@@ -84,7 +84,8 @@ def _sample_rank(key: str, seed: int) -> str:
     return hashlib.sha256(f"{seed}|{key}".encode()).hexdigest()
 
 
-def prepare(root: Path, name: str, sock: str, sample: int | None, seed: int, timeout: float) -> Path:
+def prepare(root: Path, name: str, sock: str, sample: int | None, seed: int, timeout: float,
+            only: set | None = None) -> Path:
     """cosmic-ray config and session for one module; skipped jobs are marked as such in the session."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
@@ -114,6 +115,9 @@ def prepare(root: Path, name: str, sock: str, sample: int | None, seed: int, tim
         for item in items:
             spec = item.mutations[0]
             (skip if re.match(EXCLUDED_OPERATORS, spec.operator_name) else keep).append(item)
+        if only is not None:
+            skip += [it for it in keep if mutant_key(it.mutations[0], lines) not in only]
+            keep = [it for it in keep if mutant_key(it.mutations[0], lines) in only]
         if sample is not None:
             keep.sort(key=lambda it: _sample_rank(mutant_key(it.mutations[0], lines), seed))
             skip += keep[sample:]
@@ -155,7 +159,9 @@ def run_group(names: list[str], args, deadline: float, log: list) -> None:
     for name in names:
         shutil.copy2(root / module_path(name), root / ".orig" / module_path(name).replace("/", "_"))
     sock = str(root / ".fs.sock")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    # no plugin autoload: pitcheck's own pytest11 plugin would import the validator before the tests
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     server = subprocess.Popen([sys.executable, str(HERE / "forkserver.py"), str(root), sock,
                                "--timeout", str(args.timeout)], env=env)
     try:
@@ -165,7 +171,7 @@ def run_group(names: list[str], args, deadline: float, log: list) -> None:
                 raise RuntimeError("the fork server did not start")
             time.sleep(0.05)
         for name in names:
-            cfg = prepare(root, name, sock, args.sample, args.seed, args.timeout)
+            cfg = prepare(root, name, sock, args.samples.get(name, args.sample), args.seed, args.timeout, args.only)
             db = cfg.with_suffix(".sqlite")
             left = deadline - time.monotonic()
             if left > 0:
@@ -184,6 +190,63 @@ def run_group(names: list[str], args, deadline: float, log: list) -> None:
             shutil.rmtree(root, ignore_errors=True)
         else:
             print(f"kept {root}", file=sys.stderr)
+
+
+def _ask(sock: str, pytest_args: list[str]) -> int:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock)
+    s.sendall((json.dumps(pytest_args) + "\n").encode())
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(64)
+        if not chunk:
+            return 2
+        data += chunk
+    s.close()
+    return int(data)
+
+
+def run_planted(args) -> list[dict]:
+    """Apply each of planted.PLANTED to a copy and run its killing test alone: it must fail."""
+    sys.path.insert(0, str(HERE))
+    from planted import PLANTED
+
+    root = Path(tempfile.mkdtemp(prefix="pitcheck-planted-", dir=args.workdir))
+    copy_tree(root)
+    sock = str(root / ".fs.sock")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    server = subprocess.Popen([sys.executable, str(HERE / "forkserver.py"), str(root), sock,
+                               "--timeout", str(args.timeout)], env=env)
+    out = []
+    try:
+        t0 = time.monotonic()
+        while not os.path.exists(sock):
+            if server.poll() is not None or time.monotonic() - t0 > 120:
+                raise RuntimeError("the fork server did not start")
+            time.sleep(0.05)
+        for path, old, new, test in PLANTED:
+            target = root / path
+            original = target.read_text()
+            if original.count(old) != 1:
+                out.append({"module": path, "mutation": f"{old} -> {new}", "test": test, "status": "not applicable",
+                            "reason": f"the original text occurs {original.count(old)} times"})
+                continue
+            target.write_text(original.replace(old, new))
+            try:
+                rc = _ask(sock, [*FAST, test])
+            finally:
+                target.write_text(original)
+            # 0: the test passed on the mutant; 4/5: the test was not found (pytest usage / no tests)
+            status = "killed" if rc not in (0, 4, 5) else ("survived" if rc == 0 else "test not found")
+            out.append({"module": path, "mutation": f"{old} -> {new}", "test": test, "status": status})
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
 
 
 def summarise(log: list, min_score: float, strict: bool) -> tuple[dict, bool]:
@@ -211,16 +274,31 @@ def main(argv=None) -> int:
     ap.add_argument("--modules", default=",".join(MODULES), help="comma-separated, from: " + ", ".join(MODULES))
     ap.add_argument("--jobs", type=int, default=2, help="parallel copies, each with its own fork server")
     ap.add_argument("--sample", type=int, default=None, help="run only this many mutants per module (fixed sample)")
+    ap.add_argument("--sample-module", action="append", default=[], metavar="MODULE=N",
+                    help="a fixed sample of N mutants for this module only (repeatable)")
     ap.add_argument("--seed", type=int, default=0, help="which fixed sample")
     ap.add_argument("--budget", type=float, default=None, help="seconds; mutants not reached by then are 'not run'")
-    ap.add_argument("--timeout", type=float, default=30.0, help="seconds per mutant's tests (then: killed)")
+    ap.add_argument("--timeout", type=float, default=15.0, help="seconds per mutant's tests (then: killed)")
     ap.add_argument("--min-score", type=float, default=0.9)
     ap.add_argument("--strict", action="store_true", help="fail on any survivor not listed in live.json")
     ap.add_argument("--json", type=Path, default=None, help="write the full result here")
     ap.add_argument("--workdir", default=None, help="where the temporary copies go (default: the system's)")
     ap.add_argument("--keep", action="store_true", help="keep the copies (for debugging)")
+    ap.add_argument("--only-keys", type=Path, default=None,
+                    help="a JSON list of mutant keys (as printed for survivors): run only those")
+    ap.add_argument("--planted", action="store_true",
+                    help="only the issue's hand-planted one-line bugs (planted.py), each against its killing test")
     args = ap.parse_args(argv)
+    if args.planted:
+        rows = run_planted(args)
+        for r in rows:
+            print(f"{r['status']:>14}  {r['module']}: {r['mutation']}\n{'':>16}{r['test']}")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0 if all(r["status"] == "killed" for r in rows) else 1
     names = [n.strip() for n in args.modules.split(",") if n.strip()]
+    args.only = set(json.loads(args.only_keys.read_text())) if args.only_keys else None
+    args.samples = {k: int(v) for k, v in (x.split("=") for x in args.sample_module)}
     unknown = [n for n in names if n not in MODULES]
     if unknown:
         ap.error(f"unknown modules {unknown}")
@@ -229,7 +307,7 @@ def main(argv=None) -> int:
     # balance the groups by file size (a proxy for the number of mutants)
     groups: list[list[str]] = [[] for _ in range(max(1, args.jobs))]
     sizes = [0] * len(groups)
-    for n in sorted(names, key=lambda n: -(REPO / module_path(n)).stat().st_size):
+    for n in sorted(names, key=lambda n: -(REPO / module_path(n)).stat().st_size / (8 if n in args.samples else 1)):
         i = sizes.index(min(sizes))
         groups[i].append(n)
         sizes[i] += (REPO / module_path(n)).stat().st_size
