@@ -1,0 +1,125 @@
+"""pitcheck.bench: JSON schema, ratios to the GEMM floor from the same run, peers, scaling fit, exit codes.
+Timings themselves are never asserted (shared, noisy cores): only their structure and arithmetic."""
+import argparse
+import json
+import math
+
+import pytest
+
+from pitcheck import bench
+
+
+def _args(**kw):
+    p = argparse.ArgumentParser()
+    bench.add_bench_parser(p.add_subparsers(dest="command"))
+    argv = ["bench"]
+    for k, v in kw.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            argv.append(flag)
+        elif isinstance(v, list):
+            for x in v:
+                argv += [flag, x]
+        else:
+            argv += [flag, str(v)]
+    return p.parse_args(argv)
+
+
+@pytest.fixture(scope="module")
+def doc():
+    # tiny shapes, one round: structure only
+    return bench.run_bench([(512, 8), (1024, 16), (2048, 8)], quick=True, rounds=1,
+                           retractions=["qr", "cholqr2", "cayley", "polar-gram", "ns5"])
+
+
+def test_json_schema_and_ratios(doc):
+    assert {"machine", "results", "scaling", "tracking", "targets", "not_run"} <= set(doc)
+    assert doc["machine"]["threads"] == 1 and "torch" in doc["machine"]["pinned"]
+    json.dumps(doc)  # serialisable
+    for r in doc["results"]:
+        assert {"retraction", "precision", "vocab", "dim", "ms", "gemm_ms", "ratio", "peer"} <= set(r)
+        assert math.isclose(r["ratio"], r["ms"] / r["gemm_ms"], rel_tol=2e-2, abs_tol=2e-3)
+        assert (r["peer"] is None) == (r["kind"] != "peer")
+    kinds = {r["kind"] for r in doc["results"]}
+    assert kinds == {"gemm", "retraction", "peer", "step", "metrics"}
+    gemm = [r for r in doc["results"] if r["kind"] == "gemm"]
+    assert len(gemm) == 3 and all(r["ratio"] == 1.0 for r in gemm)
+    ns5 = [r for r in doc["results"] if r["retraction"] == "ns5"]
+    assert ns5 and all(r["approximate"] for r in ns5)
+
+
+def test_peers_in_the_same_run(doc):
+    peers = {r["retraction"] for r in doc["results"] if r["kind"] == "peer"}
+    assert "torch householder" in peers
+    for r in doc["results"]:
+        if r["retraction"] == "torch householder":
+            assert "householder" in r["peer"]
+    # V x V peers stop at the quick limit (2048), and say so beyond it
+    for n in doc["not_run"]:
+        assert n["status"].startswith(("not installed", "not run", "does not fit"))
+
+
+def test_vv_peers_are_reported_not_run_above_the_limit():
+    pytest.importorskip("geoopt")
+    import torch
+
+    Z, xi = bench._tall_point(4096, 4, torch.float32)
+    cases, notes = bench.peer_cases(4096, 4, Z, xi, "quick")
+    assert "geoopt Cayley" not in {c.name for c in cases}
+    assert any(n["peer"] == "geoopt Cayley" and "V x V" in n["status"] for n in notes)
+
+
+def test_table_and_report(doc):
+    t = bench.table(doc)
+    head = t.splitlines()[0]
+    for col in ("GEMM ms", "qr", "cholqr2", "ns5 (approx.)", "torch householder", "full step:qr", "metrics record"):
+        assert col in head
+    assert "| 2048 x 8 |" in t
+    rep = bench.report(doc)
+    assert "Targets" in rep and "Fitted scaling" in rep and "Metric tracking" in rep
+
+
+def test_scaling_fit_recovers_known_exponents():
+    rows = [{"retraction": "x", "kind": "retraction", "vocab": V, "dim": D, "ms": 1e-6 * V * D**2}
+            for V in (1000, 4000, 16000) for D in (8, 32)]
+    fit = bench.fit_scaling(rows)["x"]
+    assert fit["V"] == 1.0 and fit["D"] == 2.0
+
+
+def test_tracking_fraction_arithmetic():
+    rows = [{"kind": "step", "retraction": "step:qr", "vocab": 8, "dim": 2, "precision": "fp32", "ms": 1.0},
+            {"kind": "metrics", "retraction": "metrics", "vocab": 8, "dim": 2, "precision": "fp32", "ms": 10.0}]
+    [t300, t2000] = bench.tracking_fraction(rows)
+    n = t2000["records"]
+    assert t2000["fraction"] == round(10 * n / (2000 + 10 * n), 4)
+    assert t300["fraction"] > t2000["fraction"]
+
+
+def test_targets_are_judged(doc):
+    names = {t["target"] for t in doc["targets"]}
+    assert "qr <= fastest peer" in names and "cayley <= 5" in names
+    for t in doc["targets"]:
+        assert isinstance(t["reached"], bool)
+
+
+def test_main_writes_json_and_out(tmp_path, capsys):
+    code = bench.main_bench(_args(shape=["256x4", "512x8"], rounds=1, retractions="qr,cholqr2", no_peers=True,
+                                  no_steps=True, json=tmp_path / "b.json", out=tmp_path / "o"))
+    assert code == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert {r["retraction"] for r in doc["results"]} == {"gemm", "qr", "cholqr2"}
+    assert (tmp_path / "o" / "report.md").exists() and (tmp_path / "o" / "bench.png").stat().st_size > 1000
+    assert "| 512 x 8 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kw, what", [(dict(retractions="qr,householder"), "unknown retraction 'householder'"),
+                                      (dict(rounds=0), "--rounds must be >= 1")])
+def test_bad_input_exits_2(kw, what, capsys):
+    assert bench.main_bench(_args(**kw)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pitcheck bench: error:") and what in err and "\n" not in err
+
+
+def test_bad_shape_is_refused():
+    with pytest.raises(SystemExit):
+        _args(shape=["8192by128"])
