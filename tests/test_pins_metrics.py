@@ -370,3 +370,5 @@ def test_interface_metrics_sample_256_rows_by_default():
     E = Z.copy()
     E[outside_256, 0] += 1e-9
     assert metrics.interface_metrics(Z, L, E, U32)["trisolve_forward"] == 0.0
+    with pytest.raises(PitcheckError, match="square"):
+        metrics.as_factor(np.tril(np.ones((2, 3))))

@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-FAST = ["-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--no-header", "-W", "ignore"]
+FAST = ["-x", "-q", "--assert=plain", "-p", "no:cacheprovider", "-o", "addopts=", "--no-header", "-W", "ignore"]
 # slow tests of unrelated properties (no V x V array at V = 2^17; a Hypothesis search): left out
 DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_form_a_v_by_v"]
 
@@ -71,6 +71,28 @@ def mutant_key(spec, lines: list[str]) -> str:
     text = lines[line_no - 1]
     indent = len(text) - len(text.lstrip())
     return f"{spec.module_path}|{spec.operator_name}|{text.strip()}|{col - indent}"
+
+
+def annotation_spans(source: str) -> list[tuple]:
+    """(start, end) positions of the annotations of a module with `from __future__ import annotations`:
+    never evaluated (PEP 563), so a mutant inside one is equivalent by construction."""
+    import ast
+
+    tree = ast.parse(source)
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+               for n in tree.body):
+        return []
+    spans = []
+    for node in ast.walk(tree):
+        anns = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            anns = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x is not None]
+            anns.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            anns = [node.annotation]
+        spans += [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in anns if n is not None]
+    return spans
 
 
 def load_live() -> dict[str, str]:
@@ -130,7 +152,9 @@ def results(root: Path, name: str) -> list[dict]:
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     slug = name.replace("/", "_")
-    lines = (root / module_path(name)).read_text().splitlines()
+    source = (root / module_path(name)).read_text()
+    lines = source.splitlines()
+    spans = annotation_spans(source)
     out = []
     with use_db(str(root / f".cr-{slug}.sqlite"), WorkDB.Mode.open) as wdb:
         done = {item.job_id: res for item, res in wdb.completed_work_items}
@@ -144,7 +168,8 @@ def results(root: Path, name: str) -> list[dict]:
             elif res.test_outcome == TestOutcome.INCOMPETENT or res.worker_outcome == WorkerOutcome.EXCEPTION:
                 status = "incompetent"
             elif res.test_outcome == TestOutcome.SURVIVED:
-                status = "survived"
+                pos = tuple(spec.start_pos)
+                status = "annotation" if any(a <= pos < b for a, b in spans) else "survived"
             else:
                 status = "killed"
             out.append({"key": mutant_key(spec, lines), "line": spec.start_pos[0], "operator": spec.operator_name,
@@ -258,10 +283,12 @@ def summarise(log: list, min_score: float, strict: bool) -> tuple[dict, bool]:
         equivalent = [r for r in rows if r["status"] == "survived" and r["key"] in live]
         survivors = [r for r in rows if r["status"] == "survived" and r["key"] not in live]
         not_run = sum(r["status"] == "not run" for r in rows)
+        annotation = sum(r["status"] == "annotation" for r in rows)
         incompetent = sum(r["status"] == "incompetent" for r in rows)
         scored = killed + len(survivors)
         score = killed / scored if scored else 1.0
-        summary[name] = {"killed": killed, "scored": scored, "score": score, "equivalent_excluded": len(equivalent),
+        summary[name] = {"killed": killed, "scored": scored, "score": score, "equivalent_excluded": len(equivalent) + annotation,
+                         "equivalent_listed": len(equivalent), "equivalent_annotations": annotation,
                          "not_run": not_run, "incompetent": incompetent,
                          "survivors": [{k: r[k] for k in ("line", "operator", "key", "diff")} for r in survivors]}
         if score < min_score or (strict and survivors):
