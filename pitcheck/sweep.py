@@ -370,8 +370,8 @@ class SweepProgress:
         else:
             eta = "--:--" if self.done < self.total else _hms(elapsed)
         label = "ETA" if self.done < self.total else "took"
-        line = f"\rcompare [{'#' * int(30 * frac):<30}] {self.done}/{self.total} cells  {label} {eta}  {last[:40]}"
-        sys.stderr.write(line.ljust(110))
+        line = f"\rcompare [{'#' * int(30 * frac):<30}] {self.done}/{self.total} cells  {label} {eta}  {last.rsplit('-', 1)[0][:60]}"
+        sys.stderr.write(line.ljust(130))
         if self.done >= self.total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -432,7 +432,10 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         raise PitcheckError(f"cell {errors[0]['name']}: {errors[0]['error']}{more}")
     rows = summarise(out, grid, all_cells)
     write_atomic(out / "summary.csv", summary_csv(rows))
-    timing = {"executor": executor, "workers": workers, "cells": len(all_cells), "computed": len(todo),
+    from .executors import check_workers
+
+    used = min(check_workers(workers), max(1, len(todo))) if executor == "local" else (workers or "cluster's")
+    timing = {"executor": executor, "workers": used, "cells": len(all_cells), "computed": len(todo),
               "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
     # what the last invocation that computed anything took: a re-render reports it too
     last = out / "timing.json"
@@ -706,7 +709,7 @@ def timing_lines(info: dict) -> list[str]:
     last = info.get("last_compute")
     if not last:
         return ["- the cells were computed by an earlier pitcheck (no timing.json)"]
-    workers = last.get("workers") or "every core"
+    workers = last.get("workers") or "one per core,"
     speedup = last["cell_seconds"] / last["wall_seconds"] if last["wall_seconds"] > 0 else float("nan")
     return [f"- last computation: {last['computed']} cells on the {last['executor']} executor ({workers} workers): "
             f"wall {last['wall_seconds']:.1f} s against {last['cell_seconds']:.1f} s of cell time, the serial sum "
@@ -747,7 +750,13 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "",
         "## Floors and bounds",
         "",
-        "| storage format | u | measured floor ||Q^T Q - I||_F (V x D) | ~sqrt(D(D+1)/2) u (D x D entries of size u) |",
+        "The floor is measured; beside it, the first-order estimate for a Gaussian-like Q whose entries are "
+        "rounded with relative errors uniform in ±u: ‖QᵀQ - I‖_F ≈ u sqrt((2D(D-1)/3 + 4D)/V). A final error "
+        "near 1x the floor is as good as the format allows. In fp64 no exactly orthonormal Q can be stored to "
+        "measure from: the measured value is Householder QR's own orthogonality error and the float64 Gram "
+        "product's, the resolution of the runs' own metric.",
+        "",
+        "| storage format | u | measured floor ‖QᵀQ - I‖_F (V x D) | first-order estimate |",
         "|---|---|---|---|",
     ]
     from .formats import FORMATS
@@ -761,7 +770,8 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
             continue
         seen.add(key)
         u = FORMATS[fmt].u
-        est = math.sqrt(r["dim"] * (r["dim"] + 1) / 2) * u
+        D, V = r["dim"], r["vocab"]
+        est = u * math.sqrt((2 * D * (D - 1) / 3 + 4 * D) / V)
         lines.append(f"| {fmt} | {u:.3g} | {r['floor']:.2e} ({r['vocab']} x {r['dim']}) | {est:.1e} |")
     lines += [
         "",
