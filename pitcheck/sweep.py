@@ -59,7 +59,7 @@ SUMMARY_COLUMNS = [
     "retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "steps", "seeds",
     "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
     "growth_exponent", "growth_exponent_err", "final_pinv_drift", "drift_bound", "max_cond_T", "shadow_Z",
-    "ms_per_step", "floor", "error_over_floor", "events", "breakdowns",
+    "ms_per_step", "floor", "error_over_floor", "events", "failed_retractions", "breakdowns",
 ]
 # growth exponents below this are bounded error; at or above it the error grows without bound
 BOUNDED_GROWTH = 0.25
@@ -530,12 +530,13 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
     rows = []
     for group, members in groups.items():
         retraction, precision, adversary, optimizer, lr, head, vocab, dim = group
-        runs, events, costs, broke = [], 0, [], 0
+        runs, events, costs, broke, failed = [], 0, [], 0, 0
         for c in members:
             runs.append(read_metrics(cell_dir(out, c) / "metrics.csv"))
             evs = read_events(cell_dir(out, c) / "events.jsonl")
             events += sum(1 for e in evs if e["event"] not in ("threshold_crossed", "breakdown"))
             broke += any(e["event"] == "breakdown" for e in evs)
+            failed += sum(1 for e in evs if e["event"] == "retraction_failed")
             try:
                 costs.append(json.loads(cost_path(out, c).read_text())["ms_per_step"])
             except (OSError, ValueError, KeyError):
@@ -561,7 +562,7 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
             "shadow_Z": _median(r[-1]["shadow_Z"] for r in runs),
             "ms_per_step": _median(costs),
             "floor": floors[key],
-            "events": events, "breakdowns": broke,
+            "events": events, "failed_retractions": failed, "breakdowns": broke,
         }
         row["error_over_floor"] = row["final_orthonormality"] / row["floor"]
         rows.append(row)
@@ -591,7 +592,7 @@ def read_summary(path: Path | str) -> list[dict]:
         for k, v in raw.items():
             if k in ("retraction", "precision", "adversary", "optimizer", "head"):
                 row[k] = v
-            elif k in ("vocab", "dim", "steps", "seeds", "events", "breakdowns"):
+            elif k in ("vocab", "dim", "steps", "seeds", "events", "failed_retractions", "breakdowns"):
                 row[k] = int(v)
             else:
                 row[k] = float(v) if v else float("nan")
@@ -605,6 +606,8 @@ def judge(row: dict) -> tuple[bool, str]:
     reasons = []
     if row["breakdowns"]:
         reasons.append(f"broke down in {row['breakdowns']} of {row['seeds']} seeds")
+    if row.get("failed_retractions"):
+        reasons.append(f"the retraction failed in {row['failed_retractions']} steps (skipped)")
     g = row["growth_exponent"]
     if math.isfinite(g) and g >= BOUNDED_GROWTH:
         reasons.append(f"error grows like k^{g:.2f}: {row['error_over_floor']:.2g}x the floor at step {row['steps']}")
@@ -681,7 +684,7 @@ def table_lines(rows: list[dict]) -> list[str]:
     keys = ["precision", "retraction"] + [k for k in ("adversary", "optimizer", "lr", "head", "vocab", "dim")
                                           if k in multi]
     head = keys + ["final ‖ZᵀZ-I‖ (min-max)", "floor", "x floor", "growth exp.", "pinv drift",
-                   "drift bound", "max cond T", "shadow Z", "ms/step", "events", "breakdowns"]
+                   "drift bound", "max cond T", "shadow Z", "ms/step", "events", "failed retr.", "breakdowns"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r[k]) if not isinstance(r[k], float) else f"{r[k]:g}" for k in keys]
@@ -690,7 +693,8 @@ def table_lines(rows: list[dict]) -> list[str]:
                   _fmt(r["floor"], ".1e"), _fmt(r["error_over_floor"], ".3g"),
                   f"{_fmt(r['growth_exponent'], '+.2f')} ± {_fmt(r['growth_exponent_err'], '.2f')}",
                   _fmt(r["final_pinv_drift"]), _fmt(r["drift_bound"]), _fmt(r["max_cond_T"], ".3g"),
-                  _fmt(r["shadow_Z"]), _fmt(r["ms_per_step"], ".3g"), str(r["events"]), str(r["breakdowns"])]
+                  _fmt(r["shadow_Z"]), _fmt(r["ms_per_step"], ".3g"), str(r["events"]), str(r["failed_retractions"]),
+                  str(r["breakdowns"])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -744,7 +748,8 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "solves' cond(T) u; shadow Z = relative distance from the float64 run on the same gradients; ms/step "
         "= the model's optimizer step alone (retraction included, no shadow or metrics), median of "
         f"{COST_STEPS} steps, measured in the worker while the others ran; events = skipped steps, overflows, "
-        "failed retractions (threshold crossings not counted).",
+        "failed retractions (threshold crossings not counted); failed retr. = steps the retraction could not "
+        "take (skipped), which makes it unsafe.",
         "",
         *table_lines(rows),
         "",

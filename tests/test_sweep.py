@@ -139,7 +139,7 @@ def test_storage_floors_match_the_handbook():
 def _row(ret, prec, err, growth, ms, breakdowns=0, floor=1e-7):
     return {"retraction": ret, "precision": prec, "adversary": "gaussian", "head": "pit", "seeds": 3,
             "steps": 1000, "final_orthonormality": err, "error_over_floor": err / floor, "growth_exponent": growth,
-            "growth_exponent_err": 0.01, "ms_per_step": ms, "breakdowns": breakdowns}
+            "growth_exponent_err": 0.01, "ms_per_step": ms, "breakdowns": breakdowns, "failed_retractions": 0}
 
 
 def test_verdict_prefers_accuracy_then_cost_and_names_the_unsafe():
