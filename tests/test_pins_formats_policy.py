@@ -93,3 +93,17 @@ def test_policy_table_factor_format_and_mixed():
     assert d["u"] == 2.0**-8 and d["factor"] == "fp32" and d["name"] == "bf16-mixed" and d["loss_scaling"] is False
     with pytest.raises(PitcheckError):
         get_policy("fp8")
+
+
+def test_policy_mixed_is_master_differing_from_storage_and_policies_are_frozen():
+    import dataclasses
+
+    from pitcheck.policy import Policy
+
+    assert Policy("x", "fp32", "bf16", "fp32", "fp32", "fp32").mixed  # "bf16" < "fp32": not an ordering
+    same = "".join(["fp", "32"])  # equal, not the same object
+    assert not Policy("y", "fp32", same, "fp32", "fp32", "fp32").mixed
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        get_policy("fp32").storage = "bf16"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FORMATS["fp32"].p = 11

@@ -372,3 +372,29 @@ def test_interface_metrics_sample_256_rows_by_default():
     assert metrics.interface_metrics(Z, L, E, U32)["trisolve_forward"] == 0.0
     with pytest.raises(PitcheckError, match="square"):
         metrics.as_factor(np.tril(np.ones((2, 3))))
+
+
+def test_extended_precision_bits_are_the_long_double_significand():
+    assert 2.0**-metrics.EXTENDED_BITS == float(np.finfo(np.longdouble).eps) / 2
+
+
+def test_interface_metrics_refuse_a_factor_of_the_wrong_size_with_the_shapes():
+    Z = _orthonormal(6, 2)
+    with pytest.raises(PitcheckError, match=r"L \(3, 3\), E"):
+        metrics.interface_metrics(Z, np.eye(3), Z, U32)
+
+
+def test_drift_bound_of_a_single_column():
+    Z = np.array([[0.5], [0.0]])  # Z^T Z - I = -3/4
+    assert metrics.drift_bound(Z, np.array([[0.5]]), U32) == pytest.approx(0.75 + U32, rel=1e-15)
+
+
+def test_a_failed_svd_is_a_pitcheck_error(monkeypatch):
+    def broken(*a, **k):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(np.linalg, "svd", broken)
+    with pytest.raises(PitcheckError, match="SVD"):
+        metrics.pinv_error(_orthonormal(4, 2), _orthonormal(4, 2))
+    with pytest.raises(PitcheckError, match="SVD"):
+        metrics.cholesky_conditioning(np.eye(2), U32)
