@@ -398,6 +398,14 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     from .executors import execute
     from .rundir import check_out_path, write_atomic
 
+    from .executors import EXECUTORS, check_workers
+
+    if executor not in EXECUTORS:
+        raise PitcheckError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    if workers is not None:
+        check_workers(workers)
+    if executor == "local" and address:
+        raise PitcheckError("--address names a Ray cluster: use it with --executor ray")
     out = check_out_path(out)
     all_cells = cells(grid)
     todo = all_cells if force else [c for c in all_cells if not finished(out, c)]
@@ -432,8 +440,6 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         raise PitcheckError(f"cell {errors[0]['name']}: {errors[0]['error']}{more}")
     rows = summarise(out, grid, all_cells)
     write_atomic(out / "summary.csv", summary_csv(rows))
-    from .executors import check_workers
-
     used = min(check_workers(workers), max(1, len(todo))) if executor == "local" else (workers or "cluster's")
     timing = {"executor": executor, "workers": used, "cells": len(all_cells), "computed": len(todo),
               "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
