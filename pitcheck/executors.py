@@ -123,6 +123,13 @@ def _import_ray():
     return ray
 
 
+def needs_gpu(task: dict, cluster_gpus: bool) -> bool:
+    """A cell runs on CUDA when its device says cuda, or says auto on the torch backend where GPUs are."""
+    config = task.get("config", {})
+    device = str(config.get("device", "auto"))
+    return device.startswith("cuda") or (device == "auto" and config.get("backend") == "torch" and cluster_gpus)
+
+
 def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str | None = None,
             workers: int | None = None) -> None:
     """One Ray task per cell, on the cluster at `address` or, without one, on a local runtime started here
@@ -147,7 +154,8 @@ def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str |
     try:
         remote = ray.remote(_run_pinned)
         env = {"env_vars": thread_env(1)}
-        refs = [remote.options(num_cpus=1, num_gpus=1 if task.get("gpu") else 0, runtime_env=env,
+        cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        refs = [remote.options(num_cpus=1, num_gpus=1 if needs_gpu(task, cluster_gpus) else 0, runtime_env=env,
                                max_retries=0).remote(task, 1) for task in tasks]
         pending = refs
         while pending:

@@ -415,9 +415,8 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     except OSError as exc:
         raise PitcheckError(f"cannot create {out}: {exc.strerror or exc}") from None
     write_atomic(out / "grid.json", (json.dumps(grid.to_json(), indent=1) + "\n").encode())
-    gpu_cells = _gpu_cells(todo) if executor == "ray" else set()
     tasks = [{"name": c.name, "config": c.config.to_json(), "dir": str(cell_dir(out, c)),
-              "cost": str(cost_path(out, c)), "force": force, "gpu": c.name in gpu_cells} for c in todo]
+              "cost": str(cost_path(out, c)), "force": force} for c in todo]
     bar = SweepProgress(len(all_cells), len(all_cells) - len(todo), progress)
     bar.draw()
     results = []
@@ -454,18 +453,6 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         except (OSError, ValueError):
             timing["last_compute"] = None
     return {"rows": rows, **timing}
-
-
-def _gpu_cells(todo: list[Cell]) -> set[str]:
-    """Cells that will run on CUDA: device 'cuda', or 'auto' on the torch backend when the cluster has GPUs."""
-    names = {c.name for c in todo if c.config.device.startswith("cuda")}
-    auto = [c for c in todo if c.config.device == "auto" and c.config.backend == "torch"]
-    if auto:
-        import ray
-
-        if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0:
-            names |= {c.name for c in auto}
-    return names
 
 
 # ---- the summary ----------------------------------------------------------------------------------

@@ -105,3 +105,12 @@ def test_ray_gives_the_local_pool_s_results_bit_for_bit(tmp_path):
     assert without_cost(tmp_path / "ray" / "summary.csv") == without_cost(tmp_path / "local" / "summary.csv")
     hosts = {json.loads(p.read_text())["pid"] for p in (tmp_path / "ray" / "costs").glob("*.json")}
     assert os.getpid() not in hosts  # Ray's workers ran the cells
+
+
+def test_cells_on_cuda_request_a_gpu():
+    torch_auto = {"config": {"device": "auto", "backend": "torch"}}
+    assert executors.needs_gpu(torch_auto, cluster_gpus=True)
+    assert not executors.needs_gpu(torch_auto, cluster_gpus=False)
+    assert not executors.needs_gpu({"config": {"device": "auto", "backend": "numpy"}}, cluster_gpus=True)
+    assert executors.needs_gpu({"config": {"device": "cuda", "backend": "torch"}}, cluster_gpus=False)
+    assert not executors.needs_gpu({"config": {"device": "cpu", "backend": "torch"}}, cluster_gpus=True)
