@@ -203,13 +203,17 @@ def override(grid: Grid, **axes) -> Grid:
     """The grid with some axes replaced (values as in the TOML file); None leaves an axis as it is."""
     data = {"steps": grid.steps, "records_per_decade": grid.records_per_decade, "fixed": grid.fixed,
             "description": grid.description, "axes": dict(grid.axes)}
+    changed = []
     for name, values in axes.items():
+        if values is None:
+            continue
         if name == "steps":
-            if values is not None:
-                data["steps"] = values
-        elif values is not None:
+            data["steps"] = values
+        else:
             data["axes"][name] = values
-    return grid_from_dict(data, grid.source)
+        changed.append(f"{name} {values if name == 'steps' else ','.join(str(v) for v in values)}")
+    source = f"{grid.source}, overridden: {'; '.join(changed)}" if changed else grid.source
+    return grid_from_dict(data, source)
 
 
 def cell_name(config) -> str:
@@ -721,7 +725,9 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     lines = [
         f"# pitcheck compare: which retraction, in which precision, at what cost",
         "",
-        f"{g.description or g.source}. {g.steps} steps per cell, {len(cells(g))} cells ({axes}).",
+        f"Grid {g.source}: {g.description or ''}" if g.description else f"Grid {g.source}.",
+        "",
+        f"As run: {g.steps} steps per cell, {len(cells(g))} cells ({axes}).",
         "",
         "## Verdict",
         "",
