@@ -398,3 +398,13 @@ def test_a_failed_svd_is_a_pitcheck_error(monkeypatch):
         metrics.pinv_error(_orthonormal(4, 2), _orthonormal(4, 2))
     with pytest.raises(PitcheckError, match="SVD"):
         metrics.cholesky_conditioning(np.eye(2), U32)
+
+
+def test_as_matrix_accepts_ml_dtypes_floats_and_refuses_other_void_types():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = metrics.as_matrix(np.ones((2, 2), dtype=ml_dtypes.bfloat16), "Z")
+    assert a.dtype == np.float64 and (a == 1).all()
+    with pytest.raises(PitcheckError, match="real numeric"):
+        metrics.as_matrix(np.zeros((2, 2), dtype="V8"), "Z")
+    with pytest.raises(PitcheckError, match="real numeric"):
+        metrics.as_matrix(np.array([["a", "b"]]), "Z")

@@ -61,8 +61,9 @@ def test_check_ids_and_shapes():
 
 
 def test_random_memory_is_the_sign_fixed_q_of_the_seeded_gaussian():
-    Z = ref.random_memory(9, 3, np.random.default_rng(4))
-    G = np.random.default_rng(4).standard_normal((9, 3))
+    # seed 2: LAPACK's R has diagonal signs (-, +, -), so the sign fix has work to do
+    Z = ref.random_memory(9, 3, np.random.default_rng(2))
+    G = np.random.default_rng(2).standard_normal((9, 3))
     Rf = Z.T @ G  # = R with diag(R) > 0
     np.testing.assert_allclose(np.tril(Rf, -1), 0, atol=1e-14)
     assert (np.diag(Rf) > 0).all()
@@ -105,3 +106,11 @@ def test_cholesky_factor_is_lower_and_refuses_what_is_not_spd():
                 np.array([[np.inf, 0.0], [0.0, 1.0]])):
         with pytest.raises(PitcheckError):
             ref.cholesky_factor(bad)
+
+
+def test_embed_refuses_a_factor_that_is_not_finite_positive_and_D_by_D():
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    for L in (np.array([[1.0, 0.0], [np.inf, 1.0]]), np.array([[1.0, 0.0], [1.0, -1.0]]),
+              np.array([[1.0, 0.0], [1.0, 0.0]]), np.eye(3)):
+        with pytest.raises(PitcheckError, match="L must be a finite 2 x 2 factor"):
+            ref.embed(Z, L, [0])
