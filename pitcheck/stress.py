@@ -638,7 +638,9 @@ def main_stress(args) -> int:
         for s in scenarios:
             checks = ", ".join(f"{c.metric} {'<=' if c.kind in ('max', 'growth') else '>='} {c.limit:g}"
                                + (" (exponent)" if c.kind.startswith("growth") else "") for c in s.checks)
-            print(f"{s.id}  [{s.source}]  {checks}")
+            events = [f"event {n} required" for n in s.require_events] + [f"no {n}" for n in s.forbid_events]
+            print(f"{s.id}  [{s.source}]  {', '.join(x for x in [checks, *events] if x)}"
+                  + ("  (needs CUDA)" if s.requires == "cuda" else ""))
         return 0
     tmp = None
     out = Path(args.out) if args.out else Path(tmp := tempfile.mkdtemp(prefix="pitcheck-stress-"))

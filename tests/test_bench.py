@@ -28,7 +28,7 @@ def _args(**kw):
 @pytest.fixture(scope="module")
 def doc():
     # tiny shapes, one round: structure only
-    return bench.run_bench([(512, 8), (1024, 16), (2048, 8)], quick=True, rounds=1,
+    return bench.run_bench([(256, 4), (512, 8), (1024, 4)], quick=True, rounds=1,
                            retractions=["qr", "cholqr2", "cayley", "polar-gram", "ns5"])
 
 
@@ -74,7 +74,7 @@ def test_table_and_report(doc):
     head = t.splitlines()[0]
     for col in ("GEMM ms", "qr", "cholqr2", "ns5 (approx.)", "torch householder", "full step:qr", "metrics record"):
         assert col in head
-    assert "| 2048 x 8 |" in t
+    assert "| 1024 x 4 |" in t
     rep = bench.report(doc)
     assert "Targets" in rep and "Fitted scaling" in rep and "Metric tracking" in rep
 
@@ -97,7 +97,7 @@ def test_tracking_fraction_arithmetic():
 
 def test_targets_are_judged(doc):
     names = {t["target"] for t in doc["targets"]}
-    assert "qr <= fastest peer" in names and "cayley <= 5" in names
+    assert "qr <= fastest peer" in names and any(n.startswith("metric tracking") for n in names)
     for t in doc["targets"]:
         assert isinstance(t["reached"], bool)
 

@@ -112,7 +112,7 @@ def test_reproject_restores_the_manifold():
     assert metrics.orthonormality_ratio(reproject(drifted), U) < 30
 
 
-@pytest.mark.parametrize("name", ["cayley", "cayley-iter", "polar-gram", "qr", "cholqr2", "ns5"])
+@pytest.mark.parametrize("name", ["cayley", "cayley-iter", "polar-gram", "qr", "cholqr2"])
 def test_no_v_by_v_array_at_a_large_vocabulary(name):
     V, D = 65536, 32
     Z, xi = _point_and_step(V, D, 1)
@@ -121,7 +121,7 @@ def test_no_v_by_v_array_at_a_large_vocabulary(name):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 20 * V * D * 8  # a V x V float64 would be 34 GB
-    assert metrics.orthonormality_loss(Y) < (10 if name in APPROXIMATE else 1e-3)
+    assert metrics.orthonormality_loss(Y) < 1e-3
 
 
 @settings(max_examples=20, deadline=None)
@@ -168,8 +168,8 @@ def _near_manifold(V, D, seed, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cholqr2_orthogonality_within_2x_of_qr(dtype):
     # one step from the manifold: Cholesky-QR twice is as orthonormal as Householder QR (measured 0.6-0.95x)
-    loss = {n: np.mean([metrics.orthonormality_loss(RETRACTIONS[n](*_near_manifold(1024, 48, s, dtype)).double().numpy())
-                        for s in range(4)]) for n in ("qr", "cholqr2")}
+    loss = {n: np.mean([metrics.orthonormality_loss(RETRACTIONS[n](*_near_manifold(512, 32, s, dtype)).double().numpy())
+                        for s in range(3)]) for n in ("qr", "cholqr2")}
     assert loss["cholqr2"] < 2 * loss["qr"], loss
 
 

@@ -32,7 +32,7 @@ def _args(files, **kw):
     stress.add_stress_parser(p.add_subparsers(dest="command"))
     argv = ["stress", *map(str, files)]
     for k, v in kw.items():
-        argv += [f"--{k}", str(v)]
+        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
     return p.parse_args(argv)
 
 
@@ -165,6 +165,10 @@ def test_the_suite_loads_and_the_module_runs_as_a_command(tmp_path):
                        cwd=Path(__file__).resolve().parent.parent, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "all 1 budgets held in 1 scenarios" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "pitcheck.stress", "--list"], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parent.parent, timeout=120)
-    assert p.returncode == 0 and "retractions::fp64-cholqr2  [theory]" in p.stdout
+
+
+
+def test_list_shows_the_suite(capsys):
+    assert stress.main_stress(_args([], list=True)) == 0
+    out = capsys.readouterr().out
+    assert "retractions::fp64-cholqr2  [theory]" in out and "(needs CUDA)" in out
