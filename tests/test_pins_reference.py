@@ -114,3 +114,16 @@ def test_embed_refuses_a_factor_that_is_not_finite_positive_and_D_by_D():
               np.array([[1.0, 0.0], [1.0, 0.0]]), np.eye(3)):
         with pytest.raises(PitcheckError, match="L must be a finite 2 x 2 factor"):
             ref.embed(Z, L, [0])
+
+
+def test_polar_memory_of_one_column_is_the_normalised_column():
+    np.testing.assert_allclose(ref.polar_memory(np.array([[3.0], [4.0]])), [[0.6], [0.8]], rtol=1e-15)
+
+
+def test_embed_keeps_a_non_finite_memory_row_in_its_row():
+    """The solves run without scipy's finiteness check: a NaN row of Z gives a NaN embedding row and
+    leaves the other rows exact (what the validator's bad_input check asks of a target)."""
+    Z = np.array([[1.0, 0.0], [np.nan, 1.0], [1.0, 1.0]])
+    E = ref.embed(Z, L2, [0, 1, 2])
+    assert np.isnan(E[1]).all()
+    np.testing.assert_array_equal(E[[0, 2]], [[0.5, -0.5], [0.0, 0.5]])
