@@ -833,6 +833,26 @@ def _save(plt, fig, out: Path, stem: str) -> list[str]:
     return names
 
 
+def _panels(plt, n: int, width: float, height: float, sharey: bool):
+    """n log-log panels, at most 4 to a row; labels on the outer ones; spare axes hidden."""
+    ncols = min(4, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 0.6, height * nrows + 1.0), sharex=True,
+                             sharey=sharey, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for k, ax in enumerate(flat):
+        if k >= n:
+            ax.set_visible(False)
+            continue
+        ax.grid(True, which="major", alpha=0.3)
+        if k % ncols == 0:
+            ax.set_ylabel("||Z^T Z - I||_F")
+        if k + ncols >= n:
+            ax.set_xlabel("step (0 drawn at 1)")
+            ax.xaxis.set_tick_params(labelbottom=True)
+    return fig, flat[:n]
+
+
 def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     """growth.{png,svg}, retractions.{png,svg}, cost.{png,svg} in out; returns the PNG names."""
     import matplotlib
@@ -859,62 +879,47 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     fixed_note = (f"{first['optimizer']} lr={first['lr']:g}, head {first['head']}, V x D = {shape[0]} x {shape[1]}, "
                   f"{grid.steps} steps; median over seeds, band = min-max")
     # 1. error growth across precisions: one panel per retraction (rows: adversaries)
-    fig, axes = plt.subplots(len(adversaries), len(retractions), figsize=(3.4 * len(retractions) + 0.6,
-                             3.0 * len(adversaries) + 0.9), sharex=True, sharey=True, squeeze=False)
-    for i, adv in enumerate(adversaries):
-        for j, ret in enumerate(retractions):
-            ax = axes[i][j]
-            for prec in precisions:
-                k = key(ret, prec, adv)
-                if k not in data:
-                    continue
-                steps, med, lo, hi = data[k]
-                row = by_key[k]
-                colour = PRECISION_COLOURS.get(prec)
-                slope = row["growth_exponent"]
-                label = (f"{prec}: k^{slope:.2f}±{row['growth_exponent_err']:.2f}" if math.isfinite(slope)
-                         else prec)
-                ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label)
-                ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
-                ax.axhline(row["floor"], color=colour, ls="--", lw=0.8)
-            ax.set_title(f"{ret}" + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
-            if j == 0:
-                ax.set_ylabel("||Z^T Z - I||_F")
-            if i == len(adversaries) - 1:
-                ax.set_xlabel("step (0 drawn at 1)")
-            ax.legend(fontsize=6, loc="upper left", title="fitted growth", title_fontsize=6)
-            ax.grid(True, which="major", alpha=0.3)
+    pairs = list(itertools.product(adversaries, retractions))
+    fig, axs = _panels(plt, len(pairs), 3.6, 3.0, sharey=True)
+    for ax, (adv, ret) in zip(axs, pairs):
+        for prec in precisions:
+            k = key(ret, prec, adv)
+            if k not in data:
+                continue
+            steps, med, lo, hi = data[k]
+            row = by_key[k]
+            colour = PRECISION_COLOURS.get(prec)
+            slope = row["growth_exponent"]
+            label = (f"{prec}: k^{slope:.2f}±{row['growth_exponent_err']:.2f}" if math.isfinite(slope) else prec)
+            ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label)
+            ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
+            ax.axhline(row["floor"], color=colour, ls="--", lw=0.8)
+        ax.set_title(f"{ret}" + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
+        ax.legend(fontsize=6, loc="upper left", title="fitted growth", title_fontsize=6)
     fig.suptitle("Orthonormality error across precisions (dashed: storage floor of each precision)\n" + fixed_note,
                  fontsize=9)
     fig.tight_layout()
     names += _save(plt, fig, out, "growth")
 
     # 2. retractions per precision: one panel per precision (rows: adversaries)
-    fig, axes = plt.subplots(len(adversaries), len(precisions), figsize=(3.2 * len(precisions) + 0.6,
-                             3.0 * len(adversaries) + 0.9), sharex=True, squeeze=False)
-    for i, adv in enumerate(adversaries):
-        for j, prec in enumerate(precisions):
-            ax = axes[i][j]
-            floor = None
-            for ret in retractions:
-                k = key(ret, prec, adv)
-                if k not in data:
-                    continue
-                steps, med, lo, hi = data[k]
-                colour, marker = RETRACTION_STYLES.get(ret, (None, "."))
-                ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.2, label=ret)
-                ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
-                floor = by_key[k]["floor"]
-            if floor is not None:
-                ax.axhline(floor, color="black", ls="--", lw=0.8)
-                ax.text(1, floor, " floor", va="bottom", fontsize=7)
-            ax.set_title(prec + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
-            if j == 0:
-                ax.set_ylabel("||Z^T Z - I||_F")
-            if i == len(adversaries) - 1:
-                ax.set_xlabel("step (0 drawn at 1)")
-            ax.grid(True, which="major", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    pairs = list(itertools.product(adversaries, precisions))
+    fig, axs = _panels(plt, len(pairs), 3.4, 3.0, sharey=False)
+    for ax, (adv, prec) in zip(axs, pairs):
+        floor = None
+        for ret in retractions:
+            k = key(ret, prec, adv)
+            if k not in data:
+                continue
+            steps, med, lo, hi = data[k]
+            colour, marker = RETRACTION_STYLES.get(ret, (None, "."))
+            ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.2, label=ret)
+            ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
+            floor = by_key[k]["floor"]
+        if floor is not None:
+            ax.axhline(floor, color="black", ls="--", lw=0.8)
+            ax.text(1, floor, " floor", va="bottom", fontsize=7)
+        ax.set_title(prec + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
+    axs[0].legend(fontsize=7)
     fig.suptitle("Retractions per precision\n" + fixed_note, fontsize=9)
     fig.tight_layout()
     names += _save(plt, fig, out, "retractions")
