@@ -569,22 +569,23 @@ def plot_broken(result: ScenarioResult, out_dir: Path) -> list[Path]:
         return []
     plt = _pyplot()
     paths = []
-    for c in broken:
+    for metric in dict.fromkeys(c.check.metric for c in broken):
         fig, ax = plt.subplots(figsize=(6, 4))
-        _draw(ax, rows, c.check.metric, c.check.metric)
-        if c.check.kind in ("max", "floor"):
-            ax.axhline(c.check.limit, color="red", ls="--", label=f"{c.check.kind} {c.check.limit:.3g}")
-        else:
+        _draw(ax, rows, metric, metric)
+        for c in (c for c in broken if c.check.metric == metric):
+            if c.check.kind in ("max", "floor"):
+                ax.axhline(c.check.limit, color="red", ls="--", label=f"{c.check.kind} {c.check.limit:.3g}")
+                continue
             # a line of the budget's slope through the first positive value from step 1
-            first = next((r for r in rows if r["step"] >= 1 and r[c.check.metric] > 0), None)
+            first = next((r for r in rows if r["step"] >= 1 and r[metric] > 0), None)
             if first:
-                steps = [max(r["step"], 1) for r in rows if r["step"] >= 1]
-                ax.loglog(steps, [first[c.check.metric] * (s / first["step"]) ** c.check.limit for s in steps],
-                          "r--", label=f"step^{c.check.limit:g}")
-        ax.set_title(f"{result.scenario.name}: {c.check.metric} (BROKEN)", fontsize=9)
+                steps = [r["step"] for r in rows if r["step"] >= 1]
+                ax.loglog(steps, [first[metric] * (s / first["step"]) ** c.check.limit for s in steps], "m:",
+                          label=f"growth {'ceiling' if c.check.kind == 'growth' else 'floor'} step^{c.check.limit:g}")
+        ax.set_title(f"{result.scenario.name}: {metric} (BROKEN)", fontsize=9)
         ax.set_xlabel("step (0 drawn at 1)")
         ax.legend(fontsize=8)
-        paths.append(_save_figure(plt, fig, out_dir / f"{_safe(result.scenario.name)}-{c.check.metric}.png"))
+        paths.append(_save_figure(plt, fig, out_dir / f"{_safe(result.scenario.name)}-{metric}.png"))
     return paths
 
 
