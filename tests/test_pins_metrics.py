@@ -408,3 +408,22 @@ def test_as_matrix_accepts_ml_dtypes_floats_and_refuses_other_void_types():
         metrics.as_matrix(np.zeros((2, 2), dtype="V8"), "Z")
     with pytest.raises(PitcheckError, match="real numeric"):
         metrics.as_matrix(np.array([["a", "b"]]), "Z")
+
+
+def test_trisolve_errors_refuse_a_factor_smaller_than_D():
+    Z = _orthonormal(6, 2)
+    with pytest.raises(PitcheckError, match="shape mismatch"):
+        metrics.trisolve_errors(Z, np.eye(1), Z[:2], [0, 1], U32)
+
+
+def test_as_factor_accepts_a_large_square_factor():
+    # shapes compared by value: 300 is not a cached small int
+    assert metrics.as_factor(np.eye(300)).shape == (300, 300)
+
+
+def test_drift_bound_uses_the_extreme_singular_values_of_L():
+    Z3 = np.zeros((5, 3))
+    Z3[:2, :2] = np.linalg.cholesky(np.eye(2) + M_SYM).T
+    Z3[2, 2] = 1.0  # Z3^T Z3 - I = blkdiag(M, 0)
+    L = np.diag([2.0, 1.0, 0.5])  # cond(T) = 16, not (2/1)^2 or (1/0.5)^2
+    assert metrics.drift_bound(Z3, L, U32) == pytest.approx(16 * (math.sqrt(0.41) + U32), rel=1e-12)

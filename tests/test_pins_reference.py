@@ -44,7 +44,7 @@ def test_logits_and_head_matrix_are_T_times_Z_transpose():
     Zo = np.array([[0.6, 0.0], [0.0, 1.0], [0.8, 0.0]])
     np.testing.assert_allclose(ref.head_matrix(Zo, L2) @ ref.embedding_matrix(Zo, L2), np.eye(2), atol=1e-15)
     for bad in (np.ones(2), np.ones((1, 3))):
-        with pytest.raises(PitcheckError):
+        with pytest.raises(PitcheckError, match="must be B x 2,"):
             ref.logits(Z, L2, bad)
 
 
