@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="judge a third-party PIT implementation (module:factory) against the reference")
     _add_validate_options(v)
+
+    from .bench import add_bench_parser
+    from .stress import add_stress_parser
+
+    add_stress_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -150,6 +156,8 @@ def _main(argv: list[str] | None) -> int:
             from .report import plot_runs
 
             print(plot_runs(args.runs, args.out, args.metrics.split(",")))
+        elif args.command in ("stress", "bench"):
+            return args.func(args)
         elif args.command == "validate":
             from .validate import validate
             from .validate.result import check_output_path

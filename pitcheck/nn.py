@@ -21,7 +21,7 @@ from .retractions import get_retraction, tangent_projection
 
 HALF = (torch.bfloat16, torch.float16)
 # Retractions that map any full-rank point to the manifold: applied to the stored Z with xi = 0.
-PROJECTIVE = ("qr", "polar", "polar-gram", "polar-ns", "cholqr")
+PROJECTIVE = ("qr", "polar", "polar-gram", "polar-ns", "cholqr", "cholqr2")
 
 
 class PIT(torch.nn.Module):
