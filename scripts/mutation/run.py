@@ -73,6 +73,20 @@ def mutant_key(spec, lines: list[str]) -> str:
     return f"{spec.module_path}|{spec.operator_name}|{text.strip()}|{col - indent}"
 
 
+def keys_for(items, lines: list[str]) -> dict:
+    """job_id -> mutant key; mutants sharing a key (a number replaced by n + 1 and by n - 1) are told
+    apart by their order of occurrence, '#0', '#1'."""
+    groups: dict[str, list] = {}
+    for it in items:
+        groups.setdefault(mutant_key(it.mutations[0], lines), []).append(it)
+    out = {}
+    for key, its in groups.items():
+        its.sort(key=lambda it: it.mutations[0].occurrence)
+        for k, it in enumerate(its):
+            out[it.job_id] = f"{key}#{k}" if len(its) > 1 else key
+    return out
+
+
 def annotation_spans(source: str) -> list[tuple]:
     """(start, end) positions of the annotations of a module with `from __future__ import annotations`:
     never evaluated (PEP 563), so a mutant inside one is equivalent by construction."""
@@ -133,15 +147,17 @@ def prepare(root: Path, name: str, sock: str, sample: int | None, seed: int, tim
     lines = (root / module_path(name)).read_text().splitlines()
     with use_db(str(db), WorkDB.Mode.open) as wdb:
         items = list(wdb.pending_work_items)
+        keys = keys_for(items, lines)
         skip, keep = [], []
         for item in items:
             spec = item.mutations[0]
             (skip if re.match(EXCLUDED_OPERATORS, spec.operator_name) else keep).append(item)
         if only is not None:
-            skip += [it for it in keep if mutant_key(it.mutations[0], lines) not in only]
-            keep = [it for it in keep if mutant_key(it.mutations[0], lines) in only]
+            wanted = [it for it in keep if keys[it.job_id] in only or keys[it.job_id].split("#")[0] in only]
+            skip += [it for it in keep if it not in wanted]
+            keep = wanted
         if sample is not None:
-            keep.sort(key=lambda it: _sample_rank(mutant_key(it.mutations[0], lines), seed))
+            keep.sort(key=lambda it: _sample_rank(keys[it.job_id], seed))
             skip += keep[sample:]
         wdb.set_multiple_results([it.job_id for it in skip], WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
     return cfg
@@ -158,7 +174,9 @@ def results(root: Path, name: str) -> list[dict]:
     out = []
     with use_db(str(root / f".cr-{slug}.sqlite"), WorkDB.Mode.open) as wdb:
         done = {item.job_id: res for item, res in wdb.completed_work_items}
-        for item in wdb.work_items:
+        all_items = list(wdb.work_items)
+        keys = keys_for(all_items, lines)
+        for item in all_items:
             spec = item.mutations[0]
             res = done.get(item.job_id)
             if res is not None and res.worker_outcome == WorkerOutcome.SKIPPED:
@@ -172,7 +190,7 @@ def results(root: Path, name: str) -> list[dict]:
                 status = "annotation" if any(a <= pos < b for a, b in spans) else "survived"
             else:
                 status = "killed"
-            out.append({"key": mutant_key(spec, lines), "line": spec.start_pos[0], "operator": spec.operator_name,
+            out.append({"key": keys[item.job_id], "line": spec.start_pos[0], "operator": spec.operator_name,
                         "status": status, "diff": (res.diff if res is not None else None)})
     return out
 
