@@ -269,3 +269,26 @@ def test_torch_results_are_row_major_and_match_numpy():
         assert R.get_retraction(name)(Z, xi).flags["C_CONTIGUOUS"]
     ops = ops_for(torch.zeros(1))
     assert R._plain_torch(ops) and not R._plain_torch(ops_for(np.zeros(1)))
+
+
+def test_reproject_of_a_matrix_with_zero_entries():
+    Y = np.array([[2.0, 0.0], [0.0, 3.0], [0.0, 0.0]])
+    np.testing.assert_array_equal(R.reproject(Y), [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+
+
+def test_polar_ns_stops_once_the_error_stops_halving():
+    """Quadratic convergence from 1e-3: about four Newton-Schulz steps, then one check that finds no
+    more progress; it must not keep iterating at the rounding floor up to max_iter."""
+    from pitcheck.arrays import NumpyOps
+
+    class Counting(NumpyOps):
+        calls = 0
+
+        def matmul(self, a, b):
+            Counting.calls += 1
+            return a @ b
+
+    Z, xi, expected = _known_polar(s=(1.0 + 1e-3, 1.0 - 2e-3))
+    got = R.retract_polar_ns(Z, xi, ops=Counting())
+    np.testing.assert_allclose(got, expected, atol=2e-15)
+    assert 4 <= Counting.calls <= 14  # two matmuls per step
