@@ -107,3 +107,10 @@ def test_policy_mixed_is_master_differing_from_storage_and_policies_are_frozen()
         get_policy("fp32").storage = "bf16"
     with pytest.raises(dataclasses.FrozenInstanceError):
         FORMATS["fp32"].p = 11
+
+
+def test_fp64_and_fp32_ranges():
+    assert FORMATS["fp64"].tiny == float(np.finfo(np.float64).tiny)
+    assert FORMATS["fp64"].smallest_subnormal == float(np.finfo(np.float64).smallest_subnormal)
+    assert FORMATS["fp32"].tiny == float(np.finfo(np.float32).tiny)
+    assert FORMATS["fp8-e5m2"].tiny == 2.0**-14

@@ -63,3 +63,10 @@ def test_oracle_round_trip_is_exact():
     a = np.array([[0.1, -2.0**-60], [1e300, 3.0]])
     np.testing.assert_array_equal(oracle.to_float(oracle.to_mp(a)), a)
     assert oracle.to_mp(np.array([1.0, 2.0])).rows == 1
+
+
+def test_oracle_size_limits_are_256_by_32():
+    oracle._check_size(256, 32)
+    for v, d in ((257, 32), (256, 33)):
+        with pytest.raises(PitcheckError):
+            oracle._check_size(v, d)

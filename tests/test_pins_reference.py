@@ -127,3 +127,16 @@ def test_embed_keeps_a_non_finite_memory_row_in_its_row():
     E = ref.embed(Z, L2, [0, 1, 2])
     assert np.isnan(E[1]).all()
     np.testing.assert_array_equal(E[[0, 2]], [[0.5, -0.5], [0.0, 0.5]])
+
+
+def test_cholesky_factor_symmetry_tolerance_is_relative_to_the_largest_entry():
+    T = np.array([[4.0, 2.0], [2.0, 2.0]])  # max |t| = 4: tolerance 4e-12
+    ref.cholesky_factor(T + np.array([[0.0, 2e-12], [0.0, 0.0]]))
+    with pytest.raises(PitcheckError, match="not symmetric"):
+        ref.cholesky_factor(T + np.array([[0.0, 6e-12], [0.0, 0.0]]))
+    assert ref.cholesky_factor(np.eye(300)).shape == (300, 300)  # shapes compared by value
+
+
+def test_spd_with_condition_of_dimension_two_spans_one_to_one_over_cond():
+    T = ref.spd_with_condition(2, 100.0, np.random.default_rng(1))
+    np.testing.assert_allclose(np.linalg.eigvalsh(T), [0.01, 1.0], rtol=1e-13)
