@@ -59,8 +59,13 @@ SUMMARY_COLUMNS = [
     "retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "steps", "seeds",
     "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
     "growth_exponent", "growth_exponent_err", "final_pinv_drift", "drift_bound", "max_cond_T", "shadow_Z",
-    "ms_per_step", "floor", "error_over_floor", "events", "failed_retractions", "breakdowns",
+    "ms_per_step", "floor", "error_over_floor", "events", "failed_retractions", "breakdowns", "breakdowns_T",
 ]
+# a breakdown of T (L's diagonal at 0: T singular) comes from the gradients and the learning rate, not from
+# the retraction, which only moves Z
+T_BREAKDOWN = ("L's diagonal", "T = L L^T")
+# beyond this cond(T) the head's solves lose all of fp32's digits: T, not Z, is then the problem
+UNSTABLE_COND_T = 1e8
 # growth exponents below this are bounded error; at or above it the error grows without bound
 BOUNDED_GROWTH = 0.25
 # a retraction whose final error is within this factor of the best one's is as accurate; the cheapest wins
@@ -527,12 +532,14 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
     rows = []
     for group, members in groups.items():
         retraction, precision, adversary, optimizer, lr, head, vocab, dim = group
-        runs, events, costs, broke, failed = [], 0, [], 0, 0
+        runs, events, costs, broke, failed, broke_T = [], 0, [], 0, 0, 0
         for c in members:
             runs.append(read_metrics(cell_dir(out, c) / "metrics.csv"))
             evs = read_events(cell_dir(out, c) / "events.jsonl")
             events += sum(1 for e in evs if e["event"] not in ("threshold_crossed", "breakdown"))
             broke += any(e["event"] == "breakdown" for e in evs)
+            broke_T += any(e["event"] == "breakdown" and any(t in e.get("reason", "") for t in T_BREAKDOWN)
+                           for e in evs)
             failed += sum(1 for e in evs if e["event"] == "retraction_failed")
             try:
                 costs.append(json.loads(cost_path(out, c).read_text())["ms_per_step"])
@@ -559,7 +566,7 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
             "shadow_Z": _median(r[-1]["shadow_Z"] for r in runs),
             "ms_per_step": _median(costs),
             "floor": floors[key],
-            "events": events, "failed_retractions": failed, "breakdowns": broke,
+            "events": events, "failed_retractions": failed, "breakdowns": broke, "breakdowns_T": broke_T,
         }
         row["error_over_floor"] = row["final_orthonormality"] / row["floor"]
         rows.append(row)
@@ -589,7 +596,7 @@ def read_summary(path: Path | str) -> list[dict]:
         for k, v in raw.items():
             if k in ("retraction", "precision", "adversary", "optimizer", "head"):
                 row[k] = v
-            elif k in ("vocab", "dim", "steps", "seeds", "events", "failed_retractions", "breakdowns"):
+            elif k in ("vocab", "dim", "steps", "seeds", "events", "failed_retractions", "breakdowns", "breakdowns_T"):
                 row[k] = int(v)
             else:
                 row[k] = float(v) if v else float("nan")
@@ -601,8 +608,9 @@ def read_summary(path: Path | str) -> list[dict]:
 def judge(row: dict) -> tuple[bool, str]:
     """(unsafe, why) for one summary row."""
     reasons = []
-    if row["breakdowns"]:
-        reasons.append(f"broke down in {row['breakdowns']} of {row['seeds']} seeds")
+    z_breakdowns = row["breakdowns"] - row.get("breakdowns_T", 0)
+    if z_breakdowns:
+        reasons.append(f"Z broke down in {z_breakdowns} of {row['seeds']} seeds")
     if row.get("failed_retractions"):
         reasons.append(f"the retraction failed in {row['failed_retractions']} steps (skipped)")
     g = row["growth_exponent"]
@@ -655,6 +663,25 @@ def verdicts(rows: list[dict]) -> list[dict]:
     return out
 
 
+def t_instability_lines(rows: list[dict]) -> list[str]:
+    """Rows where T, not Z, failed: cond(T) beyond UNSTABLE_COND_T or L's diagonal reached 0. These come
+    from the gradient model and learning rate, so they are reported apart from the retractions."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["head"] == "pit" and (r.get("breakdowns_T") or r["max_cond_T"] > UNSTABLE_COND_T):
+            groups.setdefault((r["adversary"], r["optimizer"], r["lr"]), []).append(r)
+    lines = []
+    for (adv, opt, lr), rs in groups.items():
+        seeds = sum(r["seeds"] for r in rs)
+        broke = sum(r.get("breakdowns_T", 0) for r in rs)
+        worst = max(r["max_cond_T"] for r in rs)
+        lines.append(f"- T, not Z, is unstable under {adv} with {opt} lr={lr:g}: cond(T) reached {worst:.1e} in "
+                     f"{len(rs)} rows, and L's diagonal reached 0 (T singular, run ended) in {broke} of {seeds} "
+                     "runs, whichever the retraction; gradient overflows and skipped steps in these rows follow "
+                     "from it. Their Z errors are still comparable; their pinv drift is not.")
+    return lines
+
+
 def verdict_lines(rows: list[dict]) -> list[str]:
     lines = ["| precision | recommended | why | unsafe |", "|---|---|---|---|"]
     for v in verdicts(rows):
@@ -681,7 +708,7 @@ def table_lines(rows: list[dict]) -> list[str]:
     keys = ["precision", "retraction"] + [k for k in ("adversary", "optimizer", "lr", "head", "vocab", "dim")
                                           if k in multi]
     head = keys + ["final ‖ZᵀZ-I‖ (min-max)", "floor", "x floor", "growth exp.", "pinv drift",
-                   "drift bound", "max cond T", "shadow Z", "ms/step", "events", "failed retr.", "breakdowns"]
+                   "drift bound", "max cond T", "shadow Z", "ms/step", "events", "failed retr.", "breakdowns (of T)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r[k]) if not isinstance(r[k], float) else f"{r[k]:g}" for k in keys]
@@ -691,7 +718,7 @@ def table_lines(rows: list[dict]) -> list[str]:
                   f"{_fmt(r['growth_exponent'], '+.2f')} ± {_fmt(r['growth_exponent_err'], '.2f')}",
                   _fmt(r["final_pinv_drift"]), _fmt(r["drift_bound"]), _fmt(r["max_cond_T"], ".3g"),
                   _fmt(r["shadow_Z"]), _fmt(r["ms_per_step"], ".3g"), str(r["events"]), str(r["failed_retractions"]),
-                  str(r["breakdowns"])]
+                  f"{r['breakdowns']} ({r.get('breakdowns_T', 0)})"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -737,6 +764,7 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "",
         *verdict_lines(rows),
         "",
+        *(t_instability_lines(rows) + [""] if t_instability_lines(rows) else []),
         "## Table",
         "",
         "One row per cell group, aggregated over seeds: final ||Z^T Z - I||_F (median, min-max over seeds); "
@@ -1023,6 +1051,7 @@ def main_compare(args) -> int:
     info = compare(args.out, grid, args.executor, args.workers, args.address, args.force, progress)
     rows = info["rows"]
     print("\n".join(verdict_lines(rows)))
+    print("\n".join([""] + t_instability_lines(rows)))
     print()
     print("\n".join(table_lines(rows)))
     print(f"\n{info['cells']} cells ({info['computed']} computed; wall {info['wall_seconds']:.1f} s, cell time "

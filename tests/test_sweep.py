@@ -139,7 +139,8 @@ def test_storage_floors_match_the_handbook():
 def _row(ret, prec, err, growth, ms, breakdowns=0, floor=1e-7):
     return {"retraction": ret, "precision": prec, "adversary": "gaussian", "head": "pit", "seeds": 3,
             "steps": 1000, "final_orthonormality": err, "error_over_floor": err / floor, "growth_exponent": growth,
-            "growth_exponent_err": 0.01, "ms_per_step": ms, "breakdowns": breakdowns, "failed_retractions": 0}
+            "growth_exponent_err": 0.01, "ms_per_step": ms, "breakdowns": breakdowns, "breakdowns_T": 0, "failed_retractions": 0,
+            "max_cond_T": 1.5, "optimizer": "sgd", "lr": 0.01}
 
 
 def test_verdict_prefers_accuracy_then_cost_and_names_the_unsafe():
@@ -151,7 +152,7 @@ def test_verdict_prefers_accuracy_then_cost_and_names_the_unsafe():
     assert v["best"]["retraction"] == "polar"
     assert {u["retraction"] for u in v["unsafe"]} == {"cayley", "polar-ns"}
     text = "\n".join(sw.verdict_lines(rows))
-    assert "k^0.50" in text and "broke down in 1 of 3 seeds" in text
+    assert "k^0.50" in text and "Z broke down in 1 of 3 seeds" in text
     (v,) = sw.verdicts([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])
     assert v["best"] is None and "none" in sw.verdict_lines([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])[2]
 
@@ -243,3 +244,13 @@ def test_quick_compare_meets_the_issue(tmp_path):
     rows = {(r["retraction"], r["precision"]): r for r in info["rows"]}
     assert {(r, p) for r in ("qr", "polar", "cayley") for p in ("fp64", "fp32", "bf16")} <= set(rows)
     assert rows["cayley", "fp32"]["growth_exponent"] - rows["qr", "fp32"]["growth_exponent"] > 0.2
+
+
+def test_a_breakdown_of_t_is_not_blamed_on_the_retraction():
+    rows = [_row("qr", "fp64", 1e-15, 0.0, 0.1, floor=1e-15), _row("polar", "fp64", 3e-15, 0.0, 0.1, floor=1e-15)]
+    rows[0].update(breakdowns=1, breakdowns_T=1, max_cond_T=1.5e34, adversary="dense_output+sparse_input")
+    (v,) = sw.verdicts(rows)
+    assert v["best"]["retraction"] == "qr" and not v["unsafe"]
+    (line,) = sw.t_instability_lines(rows)
+    assert "T, not Z, is unstable under dense_output+sparse_input" in line and "1.5e+34" in line
+    assert "in 1 of 3 runs" in line
