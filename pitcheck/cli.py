@@ -63,11 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
 
-    c = sub.add_parser("compare", help="grid of precisions x retractions: report.md and compare.png")
-    c.add_argument("--precisions", default="fp64,fp32,bf16,bf16-mixed,fp16")
-    c.add_argument("--retractions", default="qr,polar,cayley")
-    _add_run_options(c, 2000, 1024, 32)
-    c.add_argument("--out", default="results/compare")
+    c = sub.add_parser("compare", help="sweep a grid of runs (retraction x precision x ...): a verdict, "
+                       "summary.csv, report.md and plots")
+    from .sweep import add_compare_options
+
+    add_compare_options(c)
 
     g = sub.add_parser("plot", help="plot metrics of run directories against step")
     g.add_argument("runs", nargs="+")
@@ -142,16 +142,9 @@ def _main(argv: list[str] | None) -> int:
                   f"pinv_drift {last['pinv_drift']:.3e}  cond_T {last['cond_T']:.3e}  "
                   f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  -> {args.out}")
         elif args.command == "compare":
-            from .report import compare
+            from .sweep import main_compare
 
-            summary = compare(args.out, _config(args), args.precisions.split(","), args.retractions.split(","),
-                              progress=progress, force=args.force)
-            print((Path(args.out) / "report.md").read_text())
-            print(f"{len(summary)} runs -> {args.out}/report.md, {args.out}/compare.png")
-            broken = [f"{r['precision']}-{r['retraction']}" for r in summary if "breakdown_step" in r]
-            if broken:
-                print(f"pitcheck: breakdown: {', '.join(broken)} broke down; see their events.jsonl", file=sys.stderr)
-                return 1
+            return main_compare(args)
         elif args.command == "plot":
             from .report import plot_runs
 

@@ -737,9 +737,9 @@ def timing_lines(info: dict) -> list[str]:
     last = info.get("last_compute")
     if not last:
         return ["- the cells were computed by an earlier pitcheck (no timing.json)"]
-    workers = last.get("workers") or "one per core,"
+    workers = f"{last['workers']} workers" if last.get("workers") else "one worker per core"
     speedup = last["cell_seconds"] / last["wall_seconds"] if last["wall_seconds"] > 0 else float("nan")
-    return [f"- last computation: {last['computed']} cells on the {last['executor']} executor ({workers} workers): "
+    return [f"- last computation: {last['computed']} cells on the {last['executor']} executor ({workers}): "
             f"wall {last['wall_seconds']:.1f} s against {last['cell_seconds']:.1f} s of cell time, the serial sum "
             f"({speedup:.2f} cells running at once on average)"]
 
@@ -1023,6 +1023,13 @@ def add_compare_options(c) -> None:
     c.add_argument("--seeds", default=None, help="override the seed axis (comma-separated integers)")
     c.add_argument("--shapes", default=None, help="override the shape axis (comma-separated VxD)")
     c.add_argument("--steps", type=int, default=None, help="override the grid's steps")
+    # one value for an axis, as `pitcheck run` takes them
+    c.add_argument("--vocab", type=int, default=None, help="V of every cell (D: --dim or the grid's)")
+    c.add_argument("--dim", type=int, default=None, help="D of every cell (V: --vocab or the grid's)")
+    c.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
+    c.add_argument("--adversary", default=None, help="one gradient model spec, e.g. gaussian,spike (summed)")
+    c.add_argument("--optimizer", default=None, help="one optimizer for every cell")
+    c.add_argument("--lr", type=float, default=None, help="one learning rate for every cell")
     c.add_argument("--out", default="results/compare")
     c.add_argument("--force", action="store_true", help="recompute every cell instead of resuming")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -1047,6 +1054,20 @@ def grid_from_args(args) -> Grid:
             "adversary": _list(args.adversaries, "--adversaries"),
             "seed": _list(args.seeds, "--seeds", int), "shape": _list(args.shapes, "--shapes"),
             "steps": args.steps}
+    for one, axis, many in (("seed", "seed", "--seeds"), ("adversary", "adversary", "--adversaries"),
+                            ("optimizer", "optimizer", None), ("lr", "lr", None)):
+        value = getattr(args, one, None)
+        if value is None:
+            continue
+        if many and over[axis] is not None:
+            raise PitcheckError(f"give --{one} or {many}, not both")
+        over[axis] = [value]
+    vocab, dim = getattr(args, "vocab", None), getattr(args, "dim", None)
+    if vocab is not None or dim is not None:
+        if over["shape"] is not None:
+            raise PitcheckError("give --vocab/--dim or --shapes, not both")
+        v0, d0 = parse_shape(grid.axes["shape"][0])
+        over["shape"] = [f"{v0 if vocab is None else vocab}x{d0 if dim is None else dim}"]
     return override(grid, **over) if any(v is not None for v in over.values()) else grid
 
 
