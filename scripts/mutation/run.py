@@ -356,6 +356,10 @@ def main(argv=None) -> int:
         i = sizes.index(min(sizes))
         groups[i].append(n)
         sizes[i] += (REPO / module_path(n)).stat().st_size
+    if args.sample is not None or args.budget:
+        # under a budget, small modules first: more modules reached (a session's set-up grows with the file)
+        for g in groups:
+            g.sort(key=lambda n: (REPO / module_path(n)).stat().st_size)
     log: list = []
     errors: list = []
 
