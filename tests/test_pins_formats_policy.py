@@ -114,3 +114,15 @@ def test_fp64_and_fp32_ranges():
     assert FORMATS["fp64"].smallest_subnormal == float(np.finfo(np.float64).smallest_subnormal)
     assert FORMATS["fp32"].tiny == float(np.finfo(np.float32).tiny)
     assert FORMATS["fp8-e5m2"].tiny == 2.0**-14
+
+
+def test_format_exponent_ranges_ieee_and_ocp():
+    assert {n: (f.emax, f.emin) for n, f in FORMATS.items()} == {
+        "fp64": (1023, -1022), "fp32": (127, -126), "tf32": (127, -126), "fp16": (15, -14), "bf16": (127, -126),
+        "fp8-e4m3": (8, -6), "fp8-e5m2": (15, -14)}
+
+
+def test_stochastic_mode_is_compared_by_value():
+    mode = "".join(["stoch", "astic"])  # equal to "stochastic", not the same object
+    got = round_to(np.full(4000, 1 + 2.0**-12), "fp16", mode=mode, rng=np.random.default_rng(1))
+    assert (got > 1).any() and (got == 1).any()

@@ -140,3 +140,21 @@ def test_cholesky_factor_symmetry_tolerance_is_relative_to_the_largest_entry():
 def test_spd_with_condition_of_dimension_two_spans_one_to_one_over_cond():
     T = ref.spd_with_condition(2, 100.0, np.random.default_rng(1))
     np.testing.assert_allclose(np.linalg.eigvalsh(T), [0.01, 1.0], rtol=1e-13)
+
+
+def test_random_memory_fixes_every_negative_pivot_and_only_those():
+    # seed 1, 4 x 4: LAPACK's pivots are (-1.27, 0.68, 0.77, -0.75): small positive ones must stay
+    Z = ref.random_memory(4, 4, np.random.default_rng(1))
+    Rf = Z.T @ np.random.default_rng(1).standard_normal((4, 4))
+    assert (np.diag(Rf) > 0).all()
+    np.testing.assert_allclose(np.tril(Rf, -1), 0, atol=1e-14)
+
+
+def test_input_checks_of_the_reference():
+    with pytest.raises(PitcheckError):
+        ref.polar_memory(np.ones((3, 2, 2)))
+    np.testing.assert_array_equal(ref.check_ids([1, 3], 5), [1, 3])
+    with pytest.raises(PitcheckError):
+        ref.check_ids([7], 5)
+    with pytest.raises(PitcheckError, match="must be positive"):
+        ref.check_shapes(0, 1)
