@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--timeout", type=float, default=20)
+    ap.add_argument("--timeout", type=float, default=120, help="per target (hang.py takes all of it)")
     ap.add_argument("--out", default="results/validate")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))

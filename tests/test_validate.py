@@ -166,6 +166,16 @@ def test_maps_applied_to_batches_of_sequences_are_checked(tmp_path, bug):
     assert result.failed() == ["reference"] and "(B, T) batches" in result.by_name()["reference"].reason
 
 
+def test_a_thread_the_target_leaves_running_does_not_hang_the_end(tmp_path):
+    (tmp_path / "threads.py").write_text(
+        "import threading, time\nfrom pitcheck.nn import make as _make\n"
+        "def make(V, D, **kw):\n"
+        "    threading.Thread(target=time.sleep, args=(10**6,)).start()\n"
+        "    return _make(V, D, **kw)\n")
+    result = validate(f"{tmp_path / 'threads.py'}:make", "float32", checks="bad_input", **{**SMALL, "timeout": 60})
+    assert result.exit_status == 0 and not result.fatal and result.seconds < 60
+
+
 def test_an_optimizer_that_is_not_one_is_a_target_error(tmp_path):
     (tmp_path / "noopt.py").write_text(
         "from pitcheck.nn import make as _make\n"

@@ -7,6 +7,7 @@ name to OUT/phases.log, so when the target hangs, aborts or segfaults the valida
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -114,4 +115,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    # everything is on disk: exit now, so a target's leftover threads or atexit hooks cannot hang the end
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
