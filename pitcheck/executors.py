@@ -45,12 +45,31 @@ def pin_threads(threads: int = 1) -> None:
         pass
 
 
-def _init_local_worker(threads: int) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGTERM this worker when its parent dies (killed, even by SIGKILL), so that no orphan keeps
+    computing a cell, and holding its lock, after the sweep is gone; a run takes SIGTERM by committing its
+    step and stopping, so the next sweep resumes it."""
+    import signal
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+
+def _init_local_worker(threads: int, parent: int | None = None) -> None:
     """A pool worker: pinned threads, and Ctrl-C left to the parent (which stops the pool) and to a run
     in progress (whose own handler commits its step and stops it), so an idle worker exits quietly."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:
+        _die_with_parent(parent)
     pin_threads(threads)
 
 
@@ -87,7 +106,7 @@ def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int
     # spawned children inherit the environment at start: their BLAS loads with the pinned count
     os.environ.update(thread_env(threads))
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_local_worker, initargs=(threads,))
+                               initializer=_init_local_worker, initargs=(threads, os.getpid()))
     pending: set = set()
     try:
         pending = {pool.submit(_run_pinned, task, threads) for task in tasks}
