@@ -37,9 +37,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-FAST = ["-x", "-q", "--assert=plain", "-p", "no:cacheprovider", "-o", "addopts=", "--no-header", "-W", "ignore"]
-# slow tests of unrelated properties (no V x V array at V = 2^17; a Hypothesis search): left out
-DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_form_a_v_by_v"]
+# Hypothesis with a fixed seed (its plugin loaded by hand: autoload is off), so a verdict does not
+# depend on which examples a search happened to draw
+FAST = ["-x", "-q", "--assert=plain", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin",
+        "--hypothesis-seed=0", "-o", "addopts=", "--no-header", "-W", "ignore"]
+# slow tests of unrelated properties (no V x V array at V = 2^17; a Hypothesis search) and one flaky
+# test (its bound 2 n cond(T) u is exceeded by correct code: 4.9e-16 > 4.4e-16 at vocab=22, dim=2,
+# cond=1, seed=1), which would count mutants as killed that no test catches: left out
+DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_form_a_v_by_v"
+            " and not embedding_certified_against_oracle"]
 
 # module -> the tests that judge it (missing files are ignored)
 MODULES: dict[str, list[str]] = {
