@@ -451,17 +451,24 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     used = min(check_workers(workers), max(1, len(todo))) if executor == "local" else (workers or "cluster's")
     timing = {"executor": executor, "workers": used, "cells": len(all_cells), "computed": len(todo),
               "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
-    # what the last invocation that computed anything took: a re-render reports it too
-    last = out / "timing.json"
+    # every invocation that computed something, in order: a re-render reports them too
+    history = read_timing(out)
     if todo:
-        write_atomic(last, (json.dumps(timing, indent=1) + "\n").encode())
-        timing["last_compute"] = timing.copy()
-    else:
-        try:
-            timing["last_compute"] = json.loads(last.read_text())
-        except (OSError, ValueError):
-            timing["last_compute"] = None
+        history.append(dict(timing))
+        write_atomic(out / "timing.json", (json.dumps({"computations": history}, indent=1) + "\n").encode())
+    timing["computations"] = history
     return {"rows": rows, **timing}
+
+
+def read_timing(out: Path) -> list[dict]:
+    """The computations recorded in out/timing.json (an older single record counts as one)."""
+    try:
+        data = json.loads((out / "timing.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if isinstance(data, dict) and isinstance(data.get("computations"), list):
+        return [c for c in data["computations"] if isinstance(c, dict)]
+    return [data] if isinstance(data, dict) and "wall_seconds" in data else []
 
 
 # ---- the summary ----------------------------------------------------------------------------------
@@ -734,14 +741,17 @@ def machine_lines() -> list[str]:
 
 
 def timing_lines(info: dict) -> list[str]:
-    last = info.get("last_compute")
-    if not last:
+    history = info.get("computations") or []
+    if not history:
         return ["- the cells were computed by an earlier pitcheck (no timing.json)"]
-    workers = f"{last['workers']} workers" if last.get("workers") else "one worker per core"
-    speedup = last["cell_seconds"] / last["wall_seconds"] if last["wall_seconds"] > 0 else float("nan")
-    return [f"- last computation: {last['computed']} cells on the {last['executor']} executor ({workers}): "
-            f"wall {last['wall_seconds']:.1f} s against {last['cell_seconds']:.1f} s of cell time, the serial sum "
-            f"({speedup:.2f} cells running at once on average)"]
+    lines = []
+    for c in history:
+        workers = f"{c['workers']} workers" if c.get("workers") else "one worker per core"
+        busy = c["cell_seconds"] / c["wall_seconds"] if c["wall_seconds"] > 0 else float("nan")
+        lines.append(f"- computed {c['computed']} cells on the {c['executor']} executor ({workers}): wall "
+                     f"{c['wall_seconds']:.1f} s against {c['cell_seconds']:.1f} s of cell time, the serial sum "
+                     f"({busy:.2f} cells running at once on average)")
+    return lines
 
 
 def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
