@@ -158,3 +158,17 @@ def test_input_checks_of_the_reference():
         ref.check_ids([7], 5)
     with pytest.raises(PitcheckError, match="must be positive"):
         ref.check_shapes(0, 1)
+
+
+def test_reference_shape_checks_of_T_h_and_L():
+    for bad in (np.ones((2, 2, 2)), np.ones((3, 2))):
+        with pytest.raises(PitcheckError):
+            ref.cholesky_factor(bad)
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    for h in (np.ones((1, 2, 2)), np.ones((1, 1))):
+        with pytest.raises(PitcheckError):
+            ref.logits(Z, L2, h)
+    with pytest.raises(PitcheckError):
+        ref.embed(Z, np.eye(1), [0])
+    big = np.eye(300)  # shapes compared by value: 300 is not a cached small int
+    np.testing.assert_array_equal(ref.logits(big, big, np.ones((1, 300))), np.ones((1, 300)))
