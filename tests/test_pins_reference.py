@@ -161,7 +161,10 @@ def test_input_checks_of_the_reference():
 
 
 def test_reference_shape_checks_of_T_h_and_L():
-    for bad in (np.ones((2, 2, 2)), np.ones((3, 2))):
+    # a batch of two SPD matrices, equal to its own t.T (all axes reversed): not a T all the same
+    batch = np.array([[[2.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 2.0]]])
+    assert np.array_equal(batch, batch.T)
+    for bad in (batch, np.ones((3, 2))):
         with pytest.raises(PitcheckError):
             ref.cholesky_factor(bad)
     Z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
