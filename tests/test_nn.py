@@ -204,8 +204,9 @@ def test_zoo_has_the_expected_members():
     assert sum(n.startswith("broken_") for n in ZOO) >= 13
 
 
-@pytest.mark.parametrize("name", [n for n in ZOO if n not in SKIP])
+@pytest.mark.parametrize("name", [n for n in ZOO if n not in SKIP and not n.startswith("hf_")])
 def test_zoo_factory_builds(name):
+    # hf_* return Hugging Face models (no embed/logits): tests/test_validate.py covers the adapter
     mod = importlib.import_module(f"tests.zoo.{name}")
     assert mod.__doc__ and mod.__doc__.strip()
     m = mod.make(64, 8, dtype=torch.float32, device="cpu", seed=0)

@@ -51,10 +51,11 @@ def verdict(name, probe, ctx=FP32):
 
 @pytest.mark.parametrize("check", ["penrose", "reference", "trajectory"])
 def test_pair_checks_pass_a_correct_pair_and_fail_one_solve(check):
-    good = verdict(check, probe_of(("generic", maps())))
+    # two states that differ (a trajectory whose maps never moved is inconclusive, not a pass)
+    good = verdict(check, probe_of(("start", maps(cond=1.0)), ("generic", maps())))
     assert good.verdict == "pass", good.reason
     assert good.value < 4  # measured 0.1-2: a correct pair is O(1) units
-    bad = verdict(check, probe_of(("generic", maps(one_solve=True))))
+    bad = verdict(check, probe_of(("start", maps(cond=1.0)), ("generic", maps(one_solve=True))))
     assert bad.verdict == "fail" and bad.value > 1e3
 
 
