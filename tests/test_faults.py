@@ -218,16 +218,17 @@ def test_a_second_writer_is_told_who_holds_the_directory(tmp_path, capsys):
 
 
 def test_compare_with_fewer_steps_into_a_finished_one_is_refused(tmp_path, capsys):
-    base = ["compare", "--precisions", "fp64", "--retractions", "qr", "--vocab", "32", "--dim", "4", "--no-progress",
-            "--out", str(tmp_path)]
+    base = ["compare", "--precisions", "fp64", "--retractions", "qr", "--vocab", "32", "--dim", "4",
+            "--adversary", "gaussian", "--seed", "0", "--no-progress", "--out", str(tmp_path)]
     assert cli.main(base + ["--steps", "40"]) == 0
     capsys.readouterr()
-    report = (tmp_path / "report.md").read_bytes()
+    summary = (tmp_path / "summary.csv").read_bytes()
     fails(capsys, base + ["--steps", "20"], "--steps 20: it holds a run at step 40")
-    assert (tmp_path / "report.md").read_bytes() == report  # nothing relabelled
+    assert (tmp_path / "summary.csv").read_bytes() == summary  # nothing relabelled
     # --force starts the cells over
     assert cli.main(base + ["--steps", "20", "--force"]) == 0
-    assert read_metrics(tmp_path / "runs" / "fp64-qr" / "metrics.csv")[-1]["step"] == 20
+    [cell] = (tmp_path / "cells").iterdir()
+    assert read_metrics(cell / "metrics.csv")[-1]["step"] == 20
 
 
 def test_fresh_run_into_a_directory_of_another_run_or_other_files(tmp_path, capsys, finished):
