@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 from .errors import PitcheckError
 from .policy import get_policy
 from .retractions import get_retraction
-from .rundir import check_out_path, write_atomic
+from .rundir import check_out_file, check_out_path, write_atomic
 from .trajectory import METRIC_COLUMNS, RunBreakdown, RunConfig, read_events, read_metrics, run
 
 SUMMARY_COLUMNS = ["precision", "retraction", "orthonormality", "pinv_drift", "penrose", "trisolve_backward_ratio",
@@ -116,18 +115,8 @@ def _save_figure(plt, fig, path: Path) -> Path:
 
 
 def check_png_path(path: Path | str) -> Path:
-    """A file we can write: not '', not a directory, in a directory that exists and is writable."""
-    if str(path).strip() == "":
-        raise PitcheckError("--out is empty: name a PNG file")
-    path = Path(path)
-    if path.is_dir():
-        raise PitcheckError(f"--out {path} is a directory; name a PNG file in it")
-    parent = path.parent
-    if not parent.is_dir():
-        raise PitcheckError(f"--out {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PitcheckError(f"--out {path}: directory {parent} is not writable")
-    return path
+    """A PNG file we can write (rundir.check_out_file)."""
+    return check_out_file(path, "--out")
 
 
 def plot_grid(out: Path, precisions: list[str], retractions: list[str]) -> Path:

@@ -109,6 +109,22 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def check_out_file(path: Path | str, option: str = "--out") -> Path:
+    """A file we may write: not '', not a directory, in a directory that exists and is writable.
+    Checked before the work that produces it, so nothing computed is thrown away."""
+    if str(path).strip() == "":
+        raise PitcheckError(f"{option} is empty: name a file")
+    path = Path(path)
+    if path.is_dir():
+        raise PitcheckError(f"{option} {path} is a directory, not a file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise PitcheckError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PitcheckError(f"{option} {path}: directory {parent} is not writable")
+    return path
+
+
 def check_out_path(path: Path | str, option: str = "--out") -> Path:
     """A directory we may create or write in: not '', not a file, with a writable nearest ancestor."""
     if str(path).strip() == "":

@@ -48,6 +48,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from .errors import PitcheckError
+from .rundir import check_out_file
 
 __all__ = ["Check", "Scenario", "ScenarioResult", "StressInputError", "load_scenarios", "run_scenario",
            "run_scenarios", "suite_files", "table", "junit_xml", "add_stress_parser", "main_stress"]
@@ -609,12 +610,10 @@ def add_stress_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _writable_file(path: str, flag: str) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        raise StressInputError(f"{flag} {p} is a directory; name a file")
-    if not p.parent.exists():
-        raise StressInputError(f"{flag} {p}: directory {p.parent} does not exist")
-    return p
+    try:
+        return check_out_file(path, flag)
+    except PitcheckError as exc:
+        raise StressInputError(str(exc)) from None
 
 
 def main_stress(args) -> int:

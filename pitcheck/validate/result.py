@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from ..errors import PitcheckError
+from ..rundir import check_out_file, write_atomic
 from .checks import CheckResult
 
 EXIT_PASS, EXIT_FAIL, EXIT_TARGET = 0, 1, 2
@@ -114,31 +113,13 @@ class ValidationResult:
         for path, text in ((json_path, lambda: json.dumps(self.to_json(), indent=2) + "\n"),
                            (report, self.markdown), (junit, self.junit)):
             if path:
-                _write_atomic(Path(path), text())
+                write_atomic(Path(path), text().encode())
 
 
 def check_output_path(path: str | None, option: str) -> None:
     """Refuse an output path that cannot be written before the validation runs, not after."""
-    if not path:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise PitcheckError(f"{option} {path} is a directory, not a file")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise PitcheckError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise PitcheckError(f"{option} {path}: directory {parent} is not writable")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    if path:
+        check_out_file(path, option)
 
 
 def _fmt(x) -> str:
