@@ -60,6 +60,25 @@ MODULES: dict[str, list[str]] = {
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 
 
+def mutation_env() -> dict:
+    # no plugin autoload: pitcheck's own pytest11 plugin would import the validator before the tests
+    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
+                PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+
+
+def start_fork_server(root: Path, sock: str, timeout: float) -> subprocess.Popen:
+    """The fork server that runs each mutant's tests, started and waited for (its socket appears)."""
+    server = subprocess.Popen([sys.executable, str(HERE / "forkserver.py"), str(root), sock,
+                               "--timeout", str(timeout)], env=mutation_env())
+    t0 = time.monotonic()
+    while not os.path.exists(sock):
+        if server.poll() is not None or time.monotonic() - t0 > 120:
+            server.kill()
+            raise RuntimeError("the fork server did not start")
+        time.sleep(0.05)
+    return server
+
+
 def module_path(name: str) -> str:
     return f"pitcheck/{name}.py"
 
@@ -208,17 +227,8 @@ def run_group(names: list[str], args, deadline: float, log: list) -> None:
     for name in names:
         shutil.copy2(root / module_path(name), root / ".orig" / module_path(name).replace("/", "_"))
     sock = str(root / ".fs.sock")
-    # no plugin autoload: pitcheck's own pytest11 plugin would import the validator before the tests
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
-               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    server = subprocess.Popen([sys.executable, str(HERE / "forkserver.py"), str(root), sock,
-                               "--timeout", str(args.timeout)], env=env)
+    server = start_fork_server(root, sock, args.timeout)
     try:
-        t0 = time.monotonic()
-        while not os.path.exists(sock):
-            if server.poll() is not None or time.monotonic() - t0 > 120:
-                raise RuntimeError("the fork server did not start")
-            time.sleep(0.05)
         for name in names:
             cfg = prepare(root, name, sock, args.samples.get(name, args.sample), args.seed, args.timeout, args.only)
             db = cfg.with_suffix(".sqlite")
@@ -226,7 +236,7 @@ def run_group(names: list[str], args, deadline: float, log: list) -> None:
             if left > 0:
                 try:
                     subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cfg), str(db)], cwd=root,
-                                   env=env, timeout=left, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   env=mutation_env(), timeout=left, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 except subprocess.TimeoutExpired:
                     pass
             # restore the module in case exec was cut off mid-mutant
@@ -265,17 +275,9 @@ def run_planted(args) -> list[dict]:
     root = Path(tempfile.mkdtemp(prefix="pitcheck-planted-", dir=args.workdir))
     copy_tree(root)
     sock = str(root / ".fs.sock")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
-               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    server = subprocess.Popen([sys.executable, str(HERE / "forkserver.py"), str(root), sock,
-                               "--timeout", str(args.timeout)], env=env)
+    server = start_fork_server(root, sock, args.timeout)
     out = []
     try:
-        t0 = time.monotonic()
-        while not os.path.exists(sock):
-            if server.poll() is not None or time.monotonic() - t0 > 120:
-                raise RuntimeError("the fork server did not start")
-            time.sleep(0.05)
         for path, old, new, test in PLANTED:
             target = root / path
             original = target.read_text()
