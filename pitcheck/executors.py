@@ -45,10 +45,15 @@ def pin_threads(threads: int = 1) -> None:
         pass
 
 
+# the sweep process that started this pool worker (None outside a local pool)
+_POOL_PARENT: int | None = None
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux: SIGTERM this worker when its parent dies (killed, even by SIGKILL), so that no orphan keeps
     computing a cell, and holding its lock, after the sweep is gone; a run takes SIGTERM by committing its
-    step and stopping, so the next sweep resumes it."""
+    step and stopping, so the next sweep resumes it. The signal is sent once: `_run_pinned` makes a worker
+    whose run took it exit instead of waiting forever for work from a dead parent."""
     import signal
 
     try:
@@ -67,17 +72,28 @@ def _init_local_worker(threads: int, parent: int | None = None) -> None:
     in progress (whose own handler commits its step and stops it), so an idle worker exits quietly."""
     import signal
 
+    global _POOL_PARENT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent is not None:
+        _POOL_PARENT = parent
         _die_with_parent(parent)
     pin_threads(threads)
+
+
+def _exit_if_orphaned() -> None:
+    if _POOL_PARENT is not None and os.getppid() != _POOL_PARENT:
+        os._exit(1)
 
 
 def _run_pinned(task: dict, threads: int) -> dict:
     pin_threads(threads)
     from .sweep import run_cell
 
-    return run_cell(task)
+    try:
+        return run_cell(task)
+    finally:
+        # the parent's death signal was spent on the run (which committed and stopped): leave now
+        _exit_if_orphaned()
 
 
 def check_workers(workers: int | None) -> int:

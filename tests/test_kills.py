@@ -31,8 +31,43 @@ COMPARE = ["compare", "--precisions", "fp64,fp16", "--retractions", "qr,cayley",
 
 
 def _start(argv, out):
-    return subprocess.Popen([sys.executable, "-c", CLI, *argv, "--out", str(out)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    """Launch in a session of its own, so that every process it starts can be found after a kill; stderr
+    goes to a file (a pipe would be held open by any orphan, and reading it would never end)."""
+    err = open(out.with_name(f"{out.name}.stderr"), "w+")
+    proc = subprocess.Popen([sys.executable, "-c", CLI, *argv, "--out", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=err, text=True, cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+    proc.err_file = err
+    return proc
+
+
+def _stderr(proc) -> str:
+    proc.err_file.seek(0)
+    text = proc.err_file.read()
+    proc.err_file.close()
+    return text
+
+
+def _session_members(session: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _assert_no_orphans(proc, limit: float = 30.0) -> None:
+    """Every process the killed one started (a sweep's pool workers) must leave with it, not wait forever
+    for work from a dead parent while holding its cell's lock."""
+    deadline = time.monotonic() + limit
+    while (left := _session_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not left, f"processes outlived their killed parent: {left}"
 
 
 def _reference(argv, out, first_file):
@@ -44,7 +79,8 @@ def _reference(argv, out, first_file):
         if first is None and any(out.glob(first_file)):
             first = time.monotonic() - t0
         time.sleep(0.005)
-    assert proc.returncode == 0, proc.stderr.read()
+    err = _stderr(proc)
+    assert proc.returncode == 0, err
     end = time.monotonic() - t0
     return (first or end), end
 
@@ -88,9 +124,10 @@ def kill_and_resume(argv, out, kills, sig, seed, resume_flag, check, first_file=
                     _wait_for_commit(proc, out, t_end)
                 proc.send_signal(sig)
                 proc.wait(timeout=120)
+                _assert_no_orphans(proc)
                 counts["kills"] += 1
                 counts["mid_commit"] += _mid_commit(out)
-                err = proc.stderr.read()
+                err = _stderr(proc)
                 assert "Traceback" not in err, err
                 if proc.returncode == 2:  # SIGTERM inside the loop: the step finished and was committed
                     assert "checkpoint saved" in err, err
@@ -100,7 +137,7 @@ def kill_and_resume(argv, out, kills, sig, seed, resume_flag, check, first_file=
                 continue
         else:
             proc.wait(timeout=600)
-        err = proc.stderr.read()
+        err = _stderr(proc)
         assert proc.returncode == 0, err
         check(ref, out)
         counts["chains_checked"] += 1
