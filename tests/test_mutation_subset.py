@@ -7,6 +7,8 @@ Default suite (about a minute together on 2 cores):
 With --runslow: the full run, at least 90% of the non-equivalent mutants killed in every module.
 """
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +21,18 @@ RUN = REPO / "scripts" / "mutation" / "run.py"
 
 def _run(tmp_path, *args, timeout):
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(RUN), "--workdir", str(tmp_path), "--json", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    return proc, (json.loads(out.read_text()) if out.exists() else None)
+    # a session of its own: on a timeout the driver, its fork server and their children all go
+    proc = subprocess.Popen([sys.executable, str(RUN), "--workdir", str(tmp_path), "--json", str(out), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return done, (json.loads(out.read_text()) if out.exists() else None)
 
 
 def test_the_issues_planted_bugs_are_each_killed_by_their_named_test(tmp_path):

@@ -20,7 +20,21 @@ import sys
 import time
 
 
+def _die_with_parent() -> None:
+    """Linux: end with the mutation driver, even when it is killed, instead of serving nobody forever."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
 def serve(root: str, path: str, timeout: float) -> None:
+    _die_with_parent()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     sys.dont_write_bytecode = True
