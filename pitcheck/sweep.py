@@ -55,12 +55,16 @@ GRID_KEYS = ("steps", "records_per_decade", "axes", "fixed", "description")
 # RunConfig fields that are axes (or derived from one), so not allowed in [fixed]
 AXIS_FIELDS = {"retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "seed", "steps",
                "records_per_decade"}
-SUMMARY_COLUMNS = [
-    "retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "steps", "seeds",
+# a row's key: what its cells share (they differ only in the seed)
+KEY_COLUMNS = ["retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "steps", "seeds"]
+# summary.csv: computed values only, so the same grid gives the same bytes whichever executor ran it
+SUMMARY_COLUMNS = KEY_COLUMNS + [
     "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
     "growth_exponent", "growth_exponent_err", "final_pinv_drift", "drift_bound", "max_cond_T", "shadow_Z",
-    "ms_per_step", "floor", "error_over_floor", "events", "failed_retractions", "breakdowns", "breakdowns_T",
+    "floor", "error_over_floor", "events", "failed_retractions", "breakdowns", "breakdowns_T",
 ]
+# cost.csv: measured times, which no rerun repeats (median over seeds; min and max beside it)
+COST_COLUMNS = KEY_COLUMNS + ["ms_per_step", "ms_per_step_min", "ms_per_step_max", "hosts"]
 # a breakdown of T (L's diagonal at 0: T singular) comes from the gradients and the learning rate, not from
 # the retraction, which only moves Z
 T_BREAKDOWN = ("L's diagonal", "T = L L^T")
@@ -448,6 +452,7 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         raise PitcheckError(f"cell {errors[0]['name']}: {errors[0]['error']}{more}")
     rows = summarise(out, grid, all_cells)
     write_atomic(out / "summary.csv", summary_csv(rows))
+    write_atomic(out / "cost.csv", cost_csv(rows))
     used = min(check_workers(workers), max(1, len(todo))) if executor == "local" else (workers or "cluster's")
     timing = {"executor": executor, "workers": used, "cells": len(all_cells), "computed": len(todo),
               "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
@@ -539,7 +544,7 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
     rows = []
     for group, members in groups.items():
         retraction, precision, adversary, optimizer, lr, head, vocab, dim = group
-        runs, events, costs, broke, failed, broke_T = [], 0, [], 0, 0, 0
+        runs, events, costs, hosts, broke, failed, broke_T = [], 0, [], set(), 0, 0, 0
         for c in members:
             runs.append(read_metrics(cell_dir(out, c) / "metrics.csv"))
             evs = read_events(cell_dir(out, c) / "events.jsonl")
@@ -549,8 +554,10 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
                            for e in evs)
             failed += sum(1 for e in evs if e["event"] == "retraction_failed")
             try:
-                costs.append(json.loads(cost_path(out, c).read_text())["ms_per_step"])
-            except (OSError, ValueError, KeyError):
+                cost = json.loads(cost_path(out, c).read_text())
+                costs.append(float(cost["ms_per_step"]))
+                hosts.add(str(cost.get("host", "")))
+            except (OSError, ValueError, KeyError, TypeError):
                 pass
         finals = [r[-1]["orthonormality"] for r in runs]
         key = (get_policy(precision).storage, vocab, dim)
@@ -572,6 +579,8 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
             "max_cond_T": max(x["cond_T"] for r in runs for x in r),
             "shadow_Z": _median(r[-1]["shadow_Z"] for r in runs),
             "ms_per_step": _median(costs),
+            "ms_per_step_min": min(costs, default=float("nan")), "ms_per_step_max": max(costs, default=float("nan")),
+            "hosts": " ".join(sorted(h for h in hosts if h)),
             "floor": floors[key],
             "events": events, "failed_retractions": failed, "breakdowns": broke, "breakdowns_T": broke_T,
         }
@@ -586,28 +595,43 @@ def _cell_text(value) -> str:
     return str(value)
 
 
-def summary_csv(rows: list[dict]) -> bytes:
+def summary_csv(rows: list[dict], columns: list[str] = SUMMARY_COLUMNS) -> bytes:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(SUMMARY_COLUMNS)
+    w.writerow(columns)
     for row in rows:
-        w.writerow([_cell_text(row[k]) for k in SUMMARY_COLUMNS])
+        w.writerow([_cell_text(row[k]) for k in columns])
     return buf.getvalue().encode()
 
 
-def read_summary(path: Path | str) -> list[dict]:
-    text = Path(path).read_text()
+def cost_csv(rows: list[dict]) -> bytes:
+    return summary_csv(rows, COST_COLUMNS)
+
+
+def _read_rows(path: Path) -> list[dict]:
     rows = []
-    for raw in csv.DictReader(io.StringIO(text)):
+    for raw in csv.DictReader(io.StringIO(path.read_text())):
         row = {}
         for k, v in raw.items():
-            if k in ("retraction", "precision", "adversary", "optimizer", "head"):
+            if k in ("retraction", "precision", "adversary", "optimizer", "head", "hosts"):
                 row[k] = v
             elif k in ("vocab", "dim", "steps", "seeds", "events", "failed_retractions", "breakdowns", "breakdowns_T"):
                 row[k] = int(v)
             else:
                 row[k] = float(v) if v else float("nan")
         rows.append(row)
+    return rows
+
+
+def read_summary(path: Path | str) -> list[dict]:
+    """summary.csv's rows, each joined with its cost.csv row (same key) when that file is beside it."""
+    path = Path(path)
+    rows = _read_rows(path)
+    cost_file = path.with_name("cost.csv")
+    if cost_file.is_file():
+        costs = {tuple(r[k] for k in KEY_COLUMNS): r for r in _read_rows(cost_file)}
+        for row in rows:
+            row.update(costs.get(tuple(row[k] for k in KEY_COLUMNS), {}))
     return rows
 
 
