@@ -115,6 +115,8 @@ class Engine:
         self.loss_scale = LOSS_SCALE_INIT if policy.loss_scaling else 1.0
         self.good_steps = 0
         self.opt_step = 0
+        # a gradient source with state of its own (pitcheck.lm), attached by the run: its state is the engine's
+        self.source = None
 
     # ---- conversions -------------------------------------------------------------------------
     def _to(self, x, fmt: str):
@@ -166,11 +168,14 @@ class Engine:
 
     def snapshot(self) -> tuple:
         """The state between steps, by reference: a step replaces these arrays, it never writes into them."""
-        return self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step
+        source = self.source.snapshot() if self.source else None
+        return self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step, source
 
     def restore(self, snap: tuple) -> None:
-        master, opt, self.loss_scale, self.good_steps, self.opt_step = snap
+        master, opt, self.loss_scale, self.good_steps, self.opt_step, source = snap
         self.master, self.opt = master, dict(opt)
+        if self.source:
+            self.source.restore(source)
         self._refresh_stored()
 
     def state_dict(self) -> dict:
@@ -179,6 +184,8 @@ class Engine:
         d["loss_scale"] = np.float64(self.loss_scale)
         d["good_steps"] = np.int64(self.good_steps)
         d["opt_step"] = np.int64(self.opt_step)
+        if self.source:
+            d.update({f"source_{k}": v for k, v in self.source.state_dict().items()})
         return d
 
     def load_state_dict(self, d: dict) -> None:
@@ -189,6 +196,8 @@ class Engine:
         self.loss_scale = float(d["loss_scale"])
         self.good_steps = int(d["good_steps"])
         self.opt_step = int(d["opt_step"])
+        if self.source:
+            self.source.load_state_dict({k[7:]: v for k, v in d.items() if k.startswith("source_")})
         self._refresh_stored()
 
     # ---- the maps ----------------------------------------------------------------------------
@@ -212,7 +221,15 @@ class Engine:
         return self._to(scaled, p.gradient), bool(np.isfinite(peak))
 
     def gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
-        """This step's gradients from the named models, evaluated at the stored model."""
+        """This step's gradients from the named models, evaluated at the stored model (the attached
+        source's, if named, added to the stateless models')."""
+        if self.source is None or self.source.name not in names:
+            return self.model_gradients(names, seed, step, params, probe)
+        rest = [n for n in names if n != self.source.name]
+        return self.source.add_gradients(self, self.model_gradients(rest, seed, step, params, probe), step)
+
+    def model_gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
+        """The stateless models' gradients (zero for none), evaluated at the stored model."""
         Z, L = self.stored()
         GZ, GL = gradient(names, Z, L, seed, step, params, probe)
         return {"Z": GZ, "L": np.tril(GL)}

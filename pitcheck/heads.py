@@ -45,7 +45,7 @@ class TableEngine(Engine):
     def embed_all(self) -> np.ndarray:
         return self.stored()[0]
 
-    def gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
+    def model_gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
         E, B = self.stored()
         eye = np.eye(E.shape[1])
         out = {"E": gradient(names, E, eye, seed, step, params)[0]}

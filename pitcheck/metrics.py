@@ -220,54 +220,113 @@ def pinv_drift(E: np.ndarray, B: np.ndarray) -> float:
     """||W E - I||_F with W = B^T; D x D, O(V D^2)."""
     E, B = as_matrix(E, "E"), as_matrix(B, "B")
     _same_shape(E, B, "E and B")
+    return _pinv_drift(E.T @ B)
+
+
+def _pinv_drift(M: np.ndarray) -> float:
+    # W E = B^T E = M^T with M = E^T B; the Frobenius norm does not see the transpose
     with np.errstate(over="ignore", invalid="ignore"):
-        drift = float(np.linalg.norm(B.T @ E - np.eye(E.shape[1])))
+        drift = float(np.linalg.norm(M - np.eye(M.shape[0])))
     return _finite({"pinv_drift": drift}, "entries too large")["pinv_drift"]
+
+
+# Above this cond(E), one pass of Cholesky QR loses orthogonality (its error grows like cond(E)^2 u):
+# Householder QR takes over. Below it, Cholesky QR twice is as accurate as Householder (O(u)
+# orthogonality and backward error; Yamamoto et al. 2015) at a third of the cost.
+CHOLQR2_MAX_COND = 1e6
+
+
+class RangeSplit:
+    """E = Q R (thin, Q orthonormal) and B = Q C + B_perp with C = Q^T B, B_perp orthogonal to range(E).
+
+    In this basis the V x V products of the Penrose conditions and of pinv(E) = R^{-1} Q^T split into
+    mutually orthogonal pieces whose Frobenius norms are those of D x D and V x D matrices.
+    """
+
+    def __init__(self, E: np.ndarray, B: np.ndarray):
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            self.Q, self.R = _thin_qr(E)
+            self.C = self.Q.T @ B
+            self.B_perp = B - self.Q @ self.C
+        if not (np.isfinite(self.R).all() and np.isfinite(self.C).all() and np.isfinite(self.B_perp).all()):
+            raise PitcheckError("entries too large for a QR of E in float64")
+
+
+def _thin_qr(E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Thin Q R of E: Cholesky QR twice while E is tall and well conditioned, else Householder."""
+    import scipy.linalg
+
+    try:
+        R1 = scipy.linalg.cholesky(E.T @ E, lower=False, check_finite=False)
+        s = np.linalg.svd(R1, compute_uv=False)
+        if np.isfinite(s).all() and s[-1] > 0 and s[0] / s[-1] <= CHOLQR2_MAX_COND:
+            # E R1^{-1} as the transposed solve R1^T X = E^T (E.T is a Fortran-ordered view: no copy)
+            Q1 = scipy.linalg.solve_triangular(R1, E.T, trans="T", check_finite=False).T
+            R2 = scipy.linalg.cholesky(Q1.T @ Q1, lower=False, check_finite=False)
+            Q = scipy.linalg.solve_triangular(R2, Q1.T, trans="T", check_finite=False).T
+            return Q, R2 @ R1
+    except (np.linalg.LinAlgError, ValueError):
+        pass
+    return np.linalg.qr(E)
+
+
+def _penrose(E: np.ndarray, B: np.ndarray, M: np.ndarray, split: RangeSplit) -> dict:
+    """The four Penrose residuals from M = E^T B and the range split of (E, B); see penrose_residuals."""
+    D = E.shape[1]
+    Q, R, C, B_perp = split.Q, split.R, split.C, split.B_perp
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        MmI = M - np.eye(D)
+        r1 = _ratio(np.linalg.norm(E @ MmI.T), np.linalg.norm(E))  # ABA - A = (M - I) A
+        r2 = _ratio(np.linalg.norm(B @ MmI), np.linalg.norm(B))  # BAB - B = B (M - I)
+        r3 = _ratio(np.linalg.norm(M - M.T), np.linalg.norm(M))
+        # BA - (BA)^T = Q (C R^T - R C^T) Q^T + B_perp R^T Q^T - Q R B_perp^T: three orthogonal pieces,
+        # the last two of equal norm; ||BA||_F = ||B R^T||_F
+        inner = C @ R.T - R @ C.T
+        outer = np.linalg.norm(B_perp @ R.T)
+        r4 = _ratio(np.sqrt(np.linalg.norm(inner) ** 2 + 2.0 * outer ** 2), np.linalg.norm(B @ R.T))
+    return _finite({"penrose_1": float(r1), "penrose_2": float(r2), "penrose_3": float(r3), "penrose_4": float(r4)},
+                   "entries too large or too small")
 
 
 def penrose_residuals(E: np.ndarray, B: np.ndarray) -> dict:
     """Relative residuals of the four Penrose conditions for A = E^T (embed) and B = W^T (unembed).
 
     ABA = A, BAB = B, (AB)^T = AB, (BA)^T = BA, each as ||lhs - rhs||_F / ||rhs||_F. BA is V x V and is
-    never formed: BA - (BA)^T = P Q^T with P = [B, A^T], Q = [A^T, -B], and with Q = Q1 R1 (thin QR),
-    ||P Q^T||_F = ||P R1^T||_F, computed from small entries without cancellation.
+    never formed: with E = Q R and B = Q C + B_perp (B_perp orthogonal to range(E)), BA - (BA)^T splits
+    into orthogonal pieces, ||BA - (BA)^T||_F^2 = ||C R^T - R C^T||_F^2 + 2 ||B_perp R^T||_F^2, each
+    computed from small entries (no difference of large squared norms).
     """
     E, B = as_matrix(E, "E"), as_matrix(B, "B")
     _same_shape(E, B, "E and B")
-    D = E.shape[1]
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         M = E.T @ B  # AB, D x D
-        MmI = M - np.eye(D)
-        r1 = _ratio(np.linalg.norm(E @ MmI.T), np.linalg.norm(E))  # ABA - A = (M - I) A
-        r2 = _ratio(np.linalg.norm(B @ MmI), np.linalg.norm(B))  # BAB - B = B (M - I)
-        r3 = _ratio(np.linalg.norm(M - M.T), np.linalg.norm(M))
-        q = np.concatenate([E, -B], axis=1)
-        if not np.isfinite(M).all():
-            raise PitcheckError("E^T B overflows float64: entries too large for the Penrose residuals")
-        _, R1 = np.linalg.qr(q)
-        p = np.concatenate([B, E], axis=1)
-        ba_norm = np.sqrt(abs(np.trace((E.T @ E) @ (B.T @ B))))  # ||B A||_F
-        r4 = _ratio(np.linalg.norm(p @ R1.T), ba_norm)
-    return _finite({"penrose_1": float(r1), "penrose_2": float(r2), "penrose_3": float(r3), "penrose_4": float(r4)},
-                   "entries too large or too small")
+    if not np.isfinite(M).all():
+        raise PitcheckError("E^T B overflows float64: entries too large for the Penrose residuals")
+    return _penrose(E, B, M, RangeSplit(E, B))
+
+
+def _pinv_error(split: RangeSplit) -> float:
+    # pinv(E) = R^{-1} Q^T and W = B^T = C^T Q^T + B_perp^T, so W - pinv(E) = (C^T - R^{-1}) Q^T + B_perp^T,
+    # two orthogonal pieces; ||pinv(E)||_F = ||R^{-1}||_F
+    import scipy.linalg
+
+    R = split.R
+    if R.shape[0] < R.shape[1]:
+        raise PitcheckError(f"E must have at least as many rows as columns (V >= D), got shape {split.Q.shape[0], R.shape[1]}")
+    if not np.all(np.diag(R) != 0):
+        raise PitcheckError("E is rank deficient: its pseudo-inverse is not a left inverse, pinv_error is undefined")
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        R_inv = scipy.linalg.solve_triangular(R, np.eye(R.shape[0]), check_finite=False)
+        err = _ratio(np.sqrt(np.linalg.norm(split.C.T - R_inv) ** 2 + np.linalg.norm(split.B_perp) ** 2),
+                     np.linalg.norm(R_inv))
+    return _finite({"pinv_error": float(err)}, "E is too close to rank deficient")["pinv_error"]
 
 
 def pinv_error(E: np.ndarray, B: np.ndarray) -> float:
-    """||W - pinv(E)||_F / ||pinv(E)||_F with pinv(E) from a thin SVD of E (D x V, never V x V)."""
+    """||W - pinv(E)||_F / ||pinv(E)||_F with pinv(E) = R^{-1} Q^T from a thin QR of E (never V x V)."""
     E, B = as_matrix(E, "E"), as_matrix(B, "B")
     _same_shape(E, B, "E and B")
-    if E.shape[0] < E.shape[1]:
-        raise PitcheckError(f"E must have at least as many rows as columns (V >= D), got shape {E.shape}")
-    try:
-        U, s, Vt = np.linalg.svd(E, full_matrices=False)
-    except np.linalg.LinAlgError as exc:
-        raise PitcheckError(f"the SVD of E failed ({exc})") from None
-    if s[-1] <= 0:
-        raise PitcheckError("E is rank deficient: its pseudo-inverse is not a left inverse, pinv_error is undefined")
-    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        pinv = (Vt.T / s) @ U.T
-        err = _ratio(np.linalg.norm(B.T - pinv), np.linalg.norm(pinv))
-    return _finite({"pinv_error": float(err)}, "E is too close to rank deficient")["pinv_error"]
+    return _pinv_error(RangeSplit(E, B))
 
 
 def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256) -> dict:
@@ -295,11 +354,18 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
 def head_metrics(E: np.ndarray, B: np.ndarray) -> dict:
     """The interface metrics any head has: pinv drift, the four Penrose residuals and pinv error."""
     E, B = as_matrix(E, "E"), as_matrix(B, "B")
-    out = {"pinv_drift": pinv_drift(E, B)}
-    pen = penrose_residuals(E, B)
+    _same_shape(E, B, "E and B")
+    # one E^T B and one QR of E serve every metric here
+    with np.errstate(over="ignore", invalid="ignore"):
+        M = E.T @ B
+    out = {"pinv_drift": _pinv_drift(M)}
+    if not np.isfinite(M).all():
+        raise PitcheckError("E^T B overflows float64: entries too large for the Penrose residuals")
+    split = RangeSplit(E, B)
+    pen = _penrose(E, B, M, split)
     out["penrose"] = max(pen.values())
     out.update(pen)
-    out["pinv_error"] = pinv_error(E, B)
+    out["pinv_error"] = _pinv_error(split)
     return out
 
 

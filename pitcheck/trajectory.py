@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from . import lm
 from .engine import Engine, StateBreakdown, StepSettings
 from .errors import PitcheckError
 from .gradients import AdversaryParams, parse_adversary
@@ -107,6 +108,11 @@ class RunConfig:
     records_per_decade: int = 10
     shadow: bool = True  # torch backend: step a float64 numpy shadow alongside
     adversary_params: AdversaryParams = field(default_factory=AdversaryParams)
+    lm: lm.LMParams = field(default_factory=lm.LMParams)  # the lm source's model and batches
+
+    def __post_init__(self):
+        # a grid's [fixed.lm] table or a manifest's dict
+        object.__setattr__(self, "lm", lm.lm_params(self.lm))
 
     def validate(self) -> None:
         """Every value in range and every option meaningful with the others; a one-line reason if not."""
@@ -149,12 +155,19 @@ class RunConfig:
                                     f"{', '.join(ignored)} only make sense with --head pit")
         get_policy(self.precision)
         self.settings()
+        if lm.uses_lm(self.adversary):
+            lm.check_config(self)
 
     def settings(self) -> StepSettings:
         return StepSettings(self.retraction, self.optimizer, self.lr, self.reproject_every, self.reproject_threshold)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not lm.uses_lm(self.adversary):
+            # the lm options change nothing then: left out, a run's config (and a sweep cell's name) is
+            # what it was before the lm source existed
+            d.pop("lm")
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "RunConfig":
@@ -265,8 +278,12 @@ def _sha256(path: str) -> str:
 
 def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
     if config.head == "pit":
-        return Engine(backend, policy, config.settings(), device)
-    return TableEngine(backend, policy, config.settings(), device, head=config.head)
+        engine = Engine(backend, policy, config.settings(), device)
+    else:
+        engine = TableEngine(backend, policy, config.settings(), device, head=config.head)
+    if lm.uses_lm(config.adversary):
+        engine.source = lm.make_source(config, engine)
+    return engine
 
 
 class Progress:
@@ -312,6 +329,7 @@ class Trajectory:
         self.crossed: set[str] = set()
         self.step = 0
         self.resumed_from = None
+        self.losses: list[dict] = []  # lm runs: one entry per recorded step
         self.broken: dict | None = None  # the breakdown event a resumed run had already ended in
         self.store.open()
         try:
@@ -352,6 +370,10 @@ class Trajectory:
                                 "write the run beside those files")
         # built once, before the first commit: it imports torch, which takes seconds
         self.manifest_data = self.manifest()
+        if self.engine.source:
+            # the losses live in the manifest, committed with the rows they sit beside (metrics.csv has
+            # the interface columns only)
+            self.manifest_data["lm"] = {**self.engine.source.describe(), "losses": self.losses}
         # columns that are NaN by design: no shadow, no T for the baselines, no second table when tied
         self.not_applicable = set()
         if not self.shadow:
@@ -386,6 +408,8 @@ class Trajectory:
 
     def _commit(self) -> None:
         """One commit of the whole directory at the current step."""
+        if self.engine.source:
+            self.manifest_data["lm"]["losses"] = self.losses
         self.store.commit(self.step, {
             CHECKPOINT: npz_bytes(self._checkpoint_arrays()),
             METRICS: csv_bytes(self.rows),
@@ -482,6 +506,8 @@ class Trajectory:
             if ends_run:
                 self.broken = e
         self.rows, self.events = rows, events
+        if self.engine.source:
+            self.losses = self._loaded_losses(manifest, rows)
         for e in events:
             if e["event"] == "threshold_crossed":
                 self.crossed.update(f"{e['metric']}>{lv:g}" for lv in THRESHOLDS[e["metric"]] if lv <= e["level"])
@@ -491,6 +517,18 @@ class Trajectory:
                 self.crossed.add("unresolved")
         self.resumed_from = self.step
 
+    def _loaded_losses(self, manifest: dict, rows: list[dict]) -> list[dict]:
+        """The lm losses of the manifest, one per recorded row (committed with them), put back on the rows."""
+        losses = manifest.get("lm", {}).get("losses") if isinstance(manifest.get("lm"), dict) else None
+        ok = isinstance(losses, list) and all(
+            isinstance(e, dict) and type(e.get("step")) is int
+            and all(isinstance(v, (int, float)) for k, v in e.items() if k != "step") for e in losses)
+        if not ok or [e["step"] for e in losses] != [r["step"] for r in rows]:
+            raise self._refuse(f"{MANIFEST}'s lm losses do not match the rows of {METRICS}")
+        for entry, row in zip(losses, rows):
+            row.update({k: float(v) for k, v in entry.items() if k != "step"})
+        return losses
+
     # ---- recording ---------------------------------------------------------------------------
     def _event(self, step: int, event: dict) -> None:
         self.events.append({"step": step, **event})
@@ -499,11 +537,18 @@ class Trajectory:
         row = {"step": self.step, **self.engine.interface()}
         row["shadow_Z"], row["shadow_T"] = self.engine.distance(self.shadow) if self.shadow else (np.nan, np.nan)
         row["loss_scale"] = self.engine.loss_scale
+        if self.engine.source:
+            row.update(self.engine.source.losses(self.engine))
+            if self.shadow:
+                row["shadow_heldout_loss"] = self.shadow.source.losses(self.shadow)["heldout_loss"]
         return row
 
     def _measure_row(self) -> None:
         row = self.measure()
         self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
+        if self.engine.source:
+            entry = {"step": self.step, **{k: row[k] for k in lm.LOSS_KEYS if k in row}}
+            self.losses = [e for e in self.losses if e["step"] < self.step] + [entry]
         for metric, levels in THRESHOLDS.items():
             # one event per metric and record: the highest level crossed for the first time
             new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in self.crossed]
@@ -539,19 +584,27 @@ class Trajectory:
         self.engine.load_state_dict(saved)
         return bound
 
-    def _step(self, grads: dict) -> None:
-        """One step of the model and, unless the model skipped it, of its shadow: both or neither."""
+    def _step(self, grads: dict, shadow_grads=None) -> None:
+        """One step of the model and, unless the model skipped it, of its shadow: both or neither.
+
+        shadow_grads: the shadow's own gradients where a stateful source gives each its own (else grads).
+        """
         before = self.engine.snapshot()
         shadow_before = self.shadow.snapshot() if self.shadow else None
         try:
             events = self.engine.step(grads, self.step)
             skipped = any("step skipped" in str(e.get("action", "")) for e in events)
+            _advance_source(self.engine, skipped)
             # the shadow follows what the model did, so a step the model skipped the shadow skips too
             if self.shadow and not skipped:
                 try:
-                    self.shadow.step(grads, self.step)
+                    shadow_events = self.shadow.step(grads if shadow_grads is None else shadow_grads, self.step)
+                    _advance_source(self.shadow, any("step skipped" in str(e.get("action", ""))
+                                                     for e in shadow_events))
                 except StateBreakdown as exc:
                     raise StateBreakdown(f"the float64 shadow: {exc}") from None
+            elif self.shadow:
+                _advance_source(self.shadow, True)
         except StateBreakdown:
             self.engine.restore(before)
             if self.shadow:
@@ -559,6 +612,18 @@ class Trajectory:
             raise
         for e in events:
             self._event(self.step + 1, e)
+
+    def _gradients(self, names: list[str], probe) -> tuple[dict, dict | None]:
+        """This step's gradients for the model and, where a stateful source gives the shadow its own (its
+        body on the same batch), for the shadow; the stateless models' part is the model's for both."""
+        cfg, source = self.config, self.engine.source
+        if source is None:
+            return self.engine.gradients(names, cfg.seed, self.step, cfg.adversary_params, probe), None
+        rest = [n for n in names if n != source.name]
+        base = self.engine.model_gradients(rest, cfg.seed, self.step, cfg.adversary_params, probe)
+        grads = source.add_gradients(self.engine, base, self.step)
+        shadow = self.shadow.source.add_gradients(self.shadow, base, self.step) if self.shadow else None
+        return grads, shadow
 
     def _breakdown_error(self, event: dict) -> RunBreakdown:
         return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
@@ -612,9 +677,9 @@ class Trajectory:
             while self.step < cfg.steps:
                 if stop:
                     raise KeyboardInterrupt
-                grads = self.engine.gradients(names, cfg.seed, self.step, cfg.adversary_params, probe)
+                grads, shadow_grads = self._gradients(names, probe)
                 try:
-                    self._step(grads)
+                    self._step(grads, shadow_grads)
                 except StateBreakdown as exc:
                     raise self._end_in_breakdown(str(exc)) from None
                 self.step += 1
@@ -636,6 +701,12 @@ class Trajectory:
                 signal.signal(sig, handler)
         progress.update(cfg.steps)
         return self.rows
+
+
+def _advance_source(engine, skipped: bool) -> None:
+    """Step (or, with the interface step skipped, drop) the body update of the engine's stateful source."""
+    if engine.source:
+        engine.source.discard() if skipped else engine.source.advance()
 
 
 def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,

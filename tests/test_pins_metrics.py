@@ -285,6 +285,48 @@ def test_penrose_residuals_of_zero_maps_are_zero():
         metrics.penrose_residuals(np.ones((4, 2)), np.ones((4, 3)))
 
 
+def _svd_references(E, B):
+    """penrose_4 from the explicit V x V product and pinv_error from an SVD pseudo-inverse (small V)."""
+    BA = B @ E.T
+    U, sv, Vt = np.linalg.svd(E, full_matrices=False)
+    pinv = (Vt.T / sv) @ U.T
+    return (np.linalg.norm(BA - BA.T) / np.linalg.norm(BA),
+            np.linalg.norm(B.T - pinv) / np.linalg.norm(pinv))
+
+
+@pytest.mark.parametrize("cond", [10.0, 1e9])
+def test_head_metrics_agree_with_svd_references_on_both_qr_paths(cond, monkeypatch):
+    """cond 10 takes Cholesky QR twice, cond 1e9 (above CHOLQR2_MAX_COND) Householder QR: both must give
+    the explicit V x V and SVD values, for a head off the pseudo-inverse and for the exact one."""
+    rng = np.random.default_rng(7)
+    V, D = 40, 5
+    U, _ = np.linalg.qr(rng.standard_normal((V, D)))
+    W, _ = np.linalg.qr(rng.standard_normal((D, D)))
+    E = (U * np.geomspace(1.0, 1.0 / cond, D)) @ W.T
+    householder = []
+    real_qr = np.linalg.qr
+    monkeypatch.setattr(np.linalg, "qr", lambda *a, **k: householder.append(1) or real_qr(*a, **k))
+    exact = np.linalg.pinv(E).T
+    off = exact + 1e-3 * np.linalg.norm(exact) * rng.standard_normal((V, D))
+    for B in (off, exact):
+        h = metrics.head_metrics(E, B)
+        p4, err = _svd_references(E, B)
+        if B is off:
+            assert h["penrose_4"] == pytest.approx(p4, rel=1e-6) and h["pinv_error"] == pytest.approx(err, rel=1e-6)
+        else:  # both at rounding level: the exact pseudo-inverse computed in float64
+            assert h["penrose_4"] < 1e-13 * cond and h["pinv_error"] < 1e-13 * cond
+    assert bool(householder) == (cond > metrics.CHOLQR2_MAX_COND)
+
+
+def test_penrose_residuals_of_a_wide_embedding():
+    # V < D: the fourth condition is still defined (pinv_error is not: E has no left inverse)
+    E = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    B = np.array([[1.0, 0.0, 0.0], [0.5, 1.0, 0.0]])
+    BA = B @ E.T
+    r = metrics.penrose_residuals(E, B)
+    assert r["penrose_4"] == pytest.approx(np.linalg.norm(BA - BA.T) / np.linalg.norm(BA), rel=1e-14)
+
+
 def test_pinv_error_is_relative_to_the_pseudo_inverse():
     Z = _orthonormal(6, 2, seed=4)
     S = np.array([[2.0, 1.0], [0.0, 0.5]])
@@ -395,9 +437,10 @@ def test_a_failed_svd_is_a_pitcheck_error(monkeypatch):
 
     monkeypatch.setattr(np.linalg, "svd", broken)
     with pytest.raises(PitcheckError, match="SVD"):
-        metrics.pinv_error(_orthonormal(4, 2), _orthonormal(4, 2))
-    with pytest.raises(PitcheckError, match="SVD"):
         metrics.cholesky_conditioning(np.eye(2), U32)
+    # the QR behind the head metrics only estimates cond(E) by an SVD: without it, Householder QR
+    Q = _orthonormal(4, 2)
+    assert metrics.pinv_error(Q, Q) < 1e-15
 
 
 def test_as_matrix_accepts_ml_dtypes_floats_and_refuses_other_void_types():
