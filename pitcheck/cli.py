@@ -43,6 +43,39 @@ def _add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: in
                    help="replace the run(s) already in --out instead of refusing (the start of a new run)")
 
 
+def _add_lm_options(p: argparse.ArgumentParser) -> None:
+    """Options of the lm gradient source (and --input-scale, which sparse_input takes too)."""
+    from .lm import LMParams as LM
+
+    p.add_argument("--input-scale", type=float, default=None, metavar="S",
+                   help="scale of input-side (embedding) gradients against output-side ones (default 1)")
+    g = p.add_argument_group("lm source (--adversary lm: a small causal LM on CPython's documentation text)")
+    g.add_argument("--lm-seq-len", type=int, default=None, help=f"tokens of context (default {LM.seq_len})")
+    g.add_argument("--lm-sequences", type=int, default=None, help=f"sequences per batch (default {LM.sequences})")
+    g.add_argument("--lm-layers", type=int, default=None, help=f"transformer blocks (default {LM.layers})")
+    g.add_argument("--lm-lr", type=float, default=None, help=f"Adam learning rate of the body (default {LM.body_lr})")
+    g.add_argument("--lm-eval-sequences", type=int, default=None,
+                   help=f"sequences each recorded loss averages (default {LM.eval_sequences})")
+
+
+def _lm_over(args) -> dict:
+    """RunConfig fields set by the lm options, refusing lm options without the lm source."""
+    from .gradients import AdversaryParams
+    from .lm import LMParams, uses_lm
+
+    given = {field: getattr(args, opt) for opt, field in (
+        ("lm_seq_len", "seq_len"), ("lm_sequences", "sequences"), ("lm_layers", "layers"), ("lm_lr", "body_lr"),
+        ("lm_eval_sequences", "eval_sequences")) if getattr(args, opt, None) is not None}
+    over = {}
+    if given:
+        if not uses_lm(args.adversary):
+            raise PitcheckError(f"--lm-* options apply to --adversary lm, not {args.adversary!r}")
+        over["lm"] = replace(LMParams(), **given)
+    if getattr(args, "input_scale", None) is not None:
+        over["adversary_params"] = replace(AdversaryParams(), input_scale=args.input_scale)
+    return over
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .policy import POLICIES
     from .retractions import RETRACTIONS
@@ -62,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-shadow", action="store_true", help="torch backend: skip the float64 shadow")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    _add_lm_options(p)
 
     c = sub.add_parser("compare", help="sweep a grid of runs (retraction x precision x ...): a verdict, "
                        "summary.csv, report.md and plots")
@@ -135,12 +169,13 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "run":
             from .trajectory import run
 
-            cfg = _config(args, shadow=not args.no_shadow)
+            cfg = _config(args, shadow=not args.no_shadow, **_lm_over(args))
             rows = run(cfg, args.out, resume=args.resume, progress=progress, force=args.force)
             last = rows[-1]
+            losses = "".join(f"{k} {last[k]:.4f}  " for k in ("train_loss", "heldout_loss") if k in last)
             print(f"step {last['step']}: orthonormality {last['orthonormality']:.3e}  "
                   f"pinv_drift {last['pinv_drift']:.3e}  cond_T {last['cond_T']:.3e}  "
-                  f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  -> {args.out}")
+                  f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  {losses}-> {args.out}")
         elif args.command == "compare":
             from .sweep import main_compare
 

@@ -640,6 +640,20 @@ class Trajectory:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
         try:
+            if self.engine.source:
+                # the lm source's torch work sits between numpy's solves and QRs at every step: both get
+                # one thread (measured 50x faster numpy QR on 2 cores), on either backend
+                import torch
+
+                from .lm.threads import single_blas_thread
+
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    with single_blas_thread():
+                        return self._run()
+                finally:
+                    torch.set_num_threads(threads)
             if self.engine.backend == "torch" and self.engine.device == "cpu":
                 # torch's and OpenBLAS's thread pools spin against each other on shared cores (measured 3x
                 # slower on 2 cores with the numpy shadow), so torch gets one thread for the run

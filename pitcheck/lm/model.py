@@ -174,7 +174,7 @@ class LMSource:
         grads = torch.autograd.grad(loss, leaves + list(body.values()))
         table = head.gradients(list(grads[:len(leaves)]))
         self.pending = dict(zip(body, grads[len(leaves):]))
-        self.last_loss = float(loss)
+        self.last_loss = float(loss.detach())
         return {k: base[k] + table[k] for k in base}
 
     def advance(self) -> None:

@@ -1,0 +1,231 @@
+"""The lm gradient source (pitcheck.lm): real text, a held-out split, a tiny causal LM whose embedding and head
+are the run's PIT interface (or a tied or untied baseline), losses beside the interface metrics, the shadow
+replaying the same batches, resume byte-identical after a kill, the heads comparison and the teacher.
+
+Every check has a case that must fail and one that must pass. Runs are small (V=256, D=8, short sequences).
+"""
+import json
+import math
+import signal
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from pitcheck.cli import main
+from pitcheck.errors import PitcheckError
+from pitcheck.gradients import AdversaryParams
+from pitcheck.lm import LMParams, lm_params
+from pitcheck.lm.corpus import MAX_VOCAB, MIN_VOCAB, load_corpus, split_text
+from pitcheck.lm.model import Head, LMSource
+from pitcheck.policy import get_policy
+from pitcheck.trajectory import RunConfig, Trajectory, initial_state, make_engine, run
+
+SMALL = LMParams(seq_len=16, sequences=4, layers=1, body_lr=3e-3, eval_sequences=8)
+
+
+def lm_config(**over) -> RunConfig:
+    base = dict(backend="torch", precision="fp32", device="cpu", adversary="lm", optimizer="adam", lr=3e-3,
+                vocab=256, dim=8, steps=40, records_per_decade=4, lm=SMALL)
+    return RunConfig(**{**base, **over})
+
+
+def engine_for(config: RunConfig, backend="numpy"):
+    policy = get_policy("fp64" if backend == "numpy" else config.precision)
+    engine = make_engine(config, backend, policy, "cpu")
+    engine.initialise(*initial_state(config))
+    return engine
+
+
+# ---- corpus and vocabulary --------------------------------------------------------------------------
+def test_corpus_split_vocabulary_sizes_and_determinism():
+    train, held = split_text()
+    assert len(held) > 0.05 * (len(train) + len(held)) and held not in train
+    for vocab in (MIN_VOCAB, 1024):
+        c = load_corpus(vocab)
+        assert c.train.max() < vocab and c.heldout.max() < vocab and c.train.min() >= 0
+        assert len(c.pieces) == vocab and len(set(c.pieces)) == vocab  # every token a distinct byte string
+        assert c.decode(c.heldout) == held  # byte-level: the held-out text round-trips exactly
+    load_corpus.cache_clear()
+    assert np.array_equal(load_corpus(1024).train, load_corpus(1024).train)
+    # a larger vocabulary compresses the same text into fewer tokens
+    assert load_corpus(1024).train.size < 0.5 * load_corpus(MIN_VOCAB).train.size
+
+
+@pytest.mark.parametrize("vocab,ok", [(MIN_VOCAB - 1, False), (MAX_VOCAB + 1, False), (MIN_VOCAB, True)])
+def test_vocab_range(vocab, ok):
+    config = lm_config(vocab=vocab, dim=8)
+    if ok:
+        config.validate()
+    else:
+        with pytest.raises(PitcheckError, match=r"--vocab in \[256, 8192\]"):
+            config.validate()
+
+
+# ---- configuration: one-line errors ----------------------------------------------------------------
+@pytest.mark.parametrize("over,message", [
+    ({"lm": {"seq_len": 1}}, "lm.seq_len must be an integer"),
+    ({"lm": {"layers": 9}}, "lm.layers must be an integer"),
+    ({"lm": {"body_lr": float("nan")}}, "lm.body_lr must be a positive finite number"),
+    ({"lm": {"sequences": 2.5}}, "lm.sequences must be an integer"),
+    ({"adversary": "lm,adaptive"}, "cannot be summed with lm"),
+])
+def test_bad_lm_config_is_refused(over, message):
+    with pytest.raises(PitcheckError, match=message):
+        lm_config(**over).validate()
+
+
+def test_good_lm_config_and_dict_options_pass():
+    config = lm_config(lm={"seq_len": 8, "layers": 2}, adversary="lm,spike")
+    config.validate()
+    assert config.lm == LMParams(seq_len=8, layers=2)
+    with pytest.raises(PitcheckError, match="unknown lm option 'width'"):
+        lm_params({"width": 3})
+
+
+def test_config_json_without_lm_is_unchanged_and_round_trips():
+    # a run without the lm source writes the config it wrote before lm existed (sweep cell names hash it)
+    assert "lm" not in RunConfig().to_json()
+    config = lm_config()
+    assert config.to_json()["lm"] == SMALL.to_json()
+    assert RunConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+
+
+def test_cli_bad_lm_input_is_one_line(tmp_path, capsys):
+    for argv, message in ((["--adversary", "gaussian", "--lm-layers", "2"], "apply to --adversary lm"),
+                          (["--adversary", "lm", "--vocab", "100", "--dim", "8"], "--vocab in"),
+                          (["--adversary", "lm", "--vocab", "256", "--dim", "8", "--lm-seq-len", "0"], "lm.seq_len")):
+        assert main(["run", *argv, "--out", str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+# ---- the model ---------------------------------------------------------------------------------------
+def test_pit_head_matches_the_reference_module():
+    from pitcheck.nn import PIT
+    from pitcheck.reference import softplus_inverse
+
+    config = lm_config(cond=10.0)
+    engine = engine_for(config)
+    Z, L = engine.stored()
+    ref = PIT(256, 8, dtype=torch.float64, min_diag=1e-300)
+    with torch.no_grad():
+        ref.Z.copy_(torch.from_numpy(Z))
+        raw = np.tril(L, -1) + np.diag(softplus_inverse(np.diag(L)))
+        ref.L_raw.copy_(torch.from_numpy(raw))
+    head = Head(engine)
+    ids = torch.tensor([[0, 5, 5, 255], [7, 1, 0, 3]])
+    h = torch.randn(2, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(head.embed(ids), ref.embed(ids), rtol=1e-12, atol=1e-14)
+    assert torch.allclose(head.logits(h), ref.logits(h), rtol=1e-12, atol=1e-14)
+    # must fail: one triangular solve instead of two is not the reference's embedding
+    rows = torch.linalg.solve_triangular(head.leaves["L"], head.leaves["Z"][ids.reshape(-1)].T, upper=False).T
+    assert not torch.allclose(rows.reshape(2, 4, 8), ref.embed(ids), rtol=1e-6)
+
+
+def test_input_scale_scales_only_the_input_side_rows():
+    """Input gradients reach only the batch's rows; output gradients reach every row. With input_scale 0
+    and 1 the rows outside the batch agree exactly and the batch's rows differ."""
+    grads = {}
+    for scale in (0.0, 1.0, 3.0):
+        config = lm_config(head="tied", adversary_params=AdversaryParams(input_scale=scale))
+        engine = engine_for(config)
+        grads[scale] = engine.gradients(["lm"], config.seed, 0, config.adversary_params)["E"]
+    ids = np.unique(engine.source.batch(0)[:, :-1])
+    outside = np.setdiff1d(np.arange(256), ids)
+    assert outside.size > 0
+    assert np.array_equal(grads[0.0][outside], grads[1.0][outside])
+    assert np.array_equal(grads[3.0][outside], grads[1.0][outside])
+    assert not np.allclose(grads[0.0][ids], grads[1.0][ids])
+    # linear in the scale: G(s) = G_out + s G_in
+    np.testing.assert_allclose(grads[3.0] - grads[1.0], 2 * (grads[1.0] - grads[0.0]), atol=1e-12)
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    config = lm_config()
+    a, b = engine_for(config).source, engine_for(config).source
+    assert np.array_equal(a.batch(7), b.batch(7))
+    assert not np.array_equal(a.batch(7), a.batch(8))
+    assert not np.array_equal(a.batch(7), engine_for(replace(config, seed=1)).source.batch(7))
+    assert a.batch(0).shape == (SMALL.sequences, SMALL.seq_len + 1)
+
+
+# ---- runs --------------------------------------------------------------------------------------------
+def test_heldout_loss_falls_and_interface_metrics_are_recorded(tmp_path):
+    config = lm_config(steps=120, lm=replace(SMALL, sequences=8), lr=1e-2)
+    rows = run(config, tmp_path / "run", progress=False)
+    first, last = rows[0], rows[-1]
+    assert first["heldout_loss"] == pytest.approx(math.log(256), abs=0.05)  # uniform at the start
+    assert last["heldout_loss"] < first["heldout_loss"] - 0.5
+    assert last["train_loss"] < first["train_loss"] - 0.5
+    assert 0 < last["pinv_drift"] < 1e-4 and np.isfinite(last["orthonormality"])
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    losses = manifest["lm"]["losses"]
+    assert [e["step"] for e in losses] == [r["step"] for r in rows]
+    assert losses[-1]["heldout_loss"] == last["heldout_loss"]
+    assert manifest["lm"]["text_sha256"] == load_corpus(256).text_sha256
+    # the contrast that must fail the drop: nothing learns at a vanishing learning rate
+    still = run(replace(config, lr=1e-12, lm=replace(config.lm, body_lr=1e-12)), tmp_path / "still", progress=False)
+    assert abs(still[-1]["heldout_loss"] - still[0]["heldout_loss"]) < 1e-6
+
+
+@pytest.mark.parametrize("head", ["tied", "untied"])
+def test_baseline_heads_train(tmp_path, head):
+    rows = run(lm_config(head=head, steps=60, lr=1e-2), tmp_path / head, progress=False)
+    assert rows[-1]["heldout_loss"] < rows[0]["heldout_loss"] - 0.2
+    assert rows[-1]["pinv_drift"] > 1e-3  # unconstrained: W E = I erodes
+
+
+def test_same_seed_same_files_and_another_seed_differs(tmp_path):
+    config = lm_config(steps=20)
+    for name in ("a", "b"):
+        run(config, tmp_path / name, progress=False)
+    run(replace(config, seed=1), tmp_path / "c", progress=False)
+    for f in ("metrics.csv", "events.jsonl", "checkpoint.npz", "manifest.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    assert (tmp_path / "a" / "metrics.csv").read_bytes() != (tmp_path / "c" / "metrics.csv").read_bytes()
+
+
+def test_shadow_replays_the_same_batches(tmp_path):
+    """In fp64 the model and its float64 shadow do the same arithmetic on the same batches: they agree to
+    rounding. A shadow fed another seed's batches (must fail) ends far away."""
+    config = lm_config(precision="fp64", steps=30)
+    rows = run(config, tmp_path / "same", progress=False)
+    assert rows[-1]["shadow_Z"] < 1e-12
+    assert rows[-1]["shadow_heldout_loss"] == pytest.approx(rows[-1]["heldout_loss"], abs=1e-10)
+    traj = Trajectory(config, tmp_path / "other", progress=False)
+    traj.shadow.source.seed = config.seed + 1  # the shadow's batches from another stream
+    other = traj.run()
+    assert other[-1]["shadow_Z"] > 1e-6
+
+
+def test_checkpoint_holds_the_body_and_resume_refuses_mismatched_losses(tmp_path):
+    config = lm_config(steps=20)
+    run(config, tmp_path / "r", progress=False)
+    ck = np.load(tmp_path / "r" / "checkpoint.npz")
+    assert {"engine_source_t", "engine_source_w.pos", "engine_source_m.b0.wq", "shadow_source_w.lnf_g"} <= set(ck.files)
+    assert int(ck["engine_source_t"]) == 20
+    # a manifest whose losses no longer match the rows (edited): resume refuses, one line
+    from pitcheck.rundir import RunDir, manifest_bytes
+
+    store = RunDir(tmp_path / "r").open()
+    manifest = store.read_manifest()
+    manifest["lm"]["losses"].pop()
+    files = {n: (tmp_path / "r" / n).read_bytes() for n in ("metrics.csv", "events.jsonl", "checkpoint.npz")}
+    store.commit(20, {**files, "manifest.json": manifest_bytes(manifest)})
+    store.close()
+    with pytest.raises(PitcheckError, match="lm losses do not match"):
+        run(replace(config, steps=30), tmp_path / "r", resume=True, progress=False)
+
+
+def test_killed_lm_run_resumes_byte_identical(tmp_path):
+    from tests.test_kills import assert_same_run, kill_and_resume
+
+    argv = ["run", "--backend", "torch", "--precision", "bf16-mixed", "--device", "cpu", "--adversary", "lm",
+            "--vocab", "256", "--dim", "8", "--steps", "150", "--optimizer", "adam", "--lr", "0.003",
+            "--lm-seq-len", "16", "--lm-sequences", "4", "--lm-eval-sequences", "8", "--no-progress"]
+    counts = kill_and_resume(argv, tmp_path / "cut", kills=2, sig=signal.SIGKILL, seed=5, resume_flag=["--resume"],
+                             check=assert_same_run)
+    assert counts["kills"] == 2 and counts["chains_checked"] >= 1
