@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_stress_parser(sub)
     add_bench_parser(sub)
+    from .lm.compare import add_heads_parser
+
+    add_heads_parser(sub)
+    _add_lm_options(sub.choices["heads"])
     return parser
 
 
@@ -184,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
             from .report import plot_runs
 
             print(plot_runs(args.runs, args.out, args.metrics.split(",")))
-        elif args.command in ("stress", "bench"):
+        elif args.command in ("stress", "bench", "heads"):
             return args.func(args)
         elif args.command == "validate":
             from .validate import validate

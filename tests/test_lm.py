@@ -229,3 +229,47 @@ def test_killed_lm_run_resumes_byte_identical(tmp_path):
     counts = kill_and_resume(argv, tmp_path / "cut", kills=2, sig=signal.SIGKILL, seed=5, resume_flag=["--resume"],
                              check=assert_same_run)
     assert counts["kills"] == 2 and counts["chains_checked"] >= 1
+
+
+# ---- the heads comparison and the compare grid --------------------------------------------------------
+def test_heads_command_writes_table_and_plot(tmp_path, capsys):
+    out = tmp_path / "heads"
+    argv = ["heads", "--precisions", "fp32", "--retractions", "qr", "--steps", "12", "--vocab", "256", "--dim", "8",
+            "--lm-seq-len", "8", "--lm-sequences", "2", "--lm-eval-sequences", "4", "--reference", "gaussian",
+            "--workers", "1", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "pit-qr" in printed and "tied" in printed and "untied" in printed
+    import csv
+
+    rows = list(csv.DictReader((out / "heads.csv").open()))
+    assert [r["head"] for r in rows] == ["pit-qr", "tied", "untied"]
+    assert rows[0]["reference_adversary"] == "gaussian" and float(rows[0]["reference_max_pinv_drift"]) > 0
+    assert rows[1]["reference_adversary"] == ""  # the adversary runs PIT only
+    assert all(float(r["final_heldout_loss"]) < float(r["first_heldout_loss"]) for r in rows)
+    assert (out / "heads.png").stat().st_size > 10_000 and (out / "heads.md").is_file()
+    assert (out / "lm" / "summary.csv").is_file() and (out / "reference" / "summary.csv").is_file()
+    # the same command again computes nothing and writes the same table
+    before = (out / "heads.csv").read_bytes()
+    assert main(argv) == 0
+    assert (out / "heads.csv").read_bytes() == before
+    # bad input: one line, exit 2
+    assert main(["heads", "--precisions", "fp32,", "--out", str(tmp_path / "x")]) == 2
+    assert main(["heads", "--vocab", "100", "--dim", "8", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--precisions must be a comma-separated list" in err and "--vocab in" in err
+
+
+def test_compare_grid_names_lm_like_any_adversary():
+    from pitcheck.sweep import cells, grid_from_dict
+
+    grid = grid_from_dict({"steps": 10, "axes": {"adversary": ["lm", "gaussian"], "head": ["pit", "tied"],
+                                                 "shape": ["256x8"]},
+                           "fixed": {"lm": {"seq_len": 8, "sequences": 2}}}, "test grid")
+    configs = [c.config for c in cells(grid)]
+    assert {c.adversary for c in configs} == {"lm", "gaussian"}
+    lm_cells = [c for c in configs if c.adversary == "lm"]
+    assert all(c.lm == LMParams(seq_len=8, sequences=2) for c in lm_cells)
+    with pytest.raises(PitcheckError, match="unknown lm option 'depth'"):
+        grid_from_dict({"steps": 10, "axes": {"adversary": ["lm"], "shape": ["256x8"]},
+                        "fixed": {"lm": {"depth": 3}}}, "bad grid")
