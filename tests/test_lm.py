@@ -243,10 +243,10 @@ def test_heads_command_writes_table_and_plot(tmp_path, capsys):
     import csv
 
     rows = list(csv.DictReader((out / "heads.csv").open()))
-    assert [r["head"] for r in rows] == ["pit-qr", "tied", "untied"]
-    assert rows[0]["reference_adversary"] == "gaussian" and float(rows[0]["reference_max_pinv_drift"]) > 0
-    assert rows[1]["reference_adversary"] == ""  # the adversary runs PIT only
-    assert all(float(r["final_heldout_loss"]) < float(r["first_heldout_loss"]) for r in rows)
+    assert [(r["source"], r["head"]) for r in rows] == [("lm", "pit-qr"), ("lm", "tied"), ("lm", "untied"),
+                                                        ("gaussian", "pit-qr")]  # the adversary runs PIT only
+    assert float(rows[3]["max_pinv_drift"]) > 0 and rows[3]["final_heldout_loss"] == "nan"
+    assert all(float(r["final_heldout_loss"]) < float(r["first_heldout_loss"]) for r in rows[:3])
     assert (out / "heads.png").stat().st_size > 10_000 and (out / "heads.md").is_file()
     assert (out / "lm" / "summary.csv").is_file() and (out / "reference" / "summary.csv").is_file()
     # the same command again computes nothing and writes the same table

@@ -15,25 +15,25 @@ from pathlib import Path
 from ..errors import PitcheckError
 
 HEADS = ("pit", "tied", "untied")
-HEADS_COLUMNS = ["precision", "head", "steps", "final_pinv_drift", "max_pinv_drift", "final_orthonormality",
-                 "final_cond_T", "first_heldout_loss", "final_train_loss", "final_heldout_loss",
-                 "final_shadow_heldout_loss", "final_shadow_Z", "breakdown", "reference_adversary",
-                 "reference_final_pinv_drift", "reference_max_pinv_drift"]
+# one row per cell: the lm cells (source "lm") first, then the reference cells (source: their adversary)
+HEADS_COLUMNS = ["source", "precision", "head", "steps", "final_pinv_drift", "max_pinv_drift",
+                 "final_orthonormality", "max_orthonormality", "final_cond_T", "max_cond_T", "first_heldout_loss",
+                 "final_train_loss", "final_heldout_loss", "final_shadow_heldout_loss", "final_shadow_Z", "breakdown"]
 
 
 def heads_grid(precisions, retractions, steps: int, vocab: int, dim: int, optimizer: str, lr: float, seed: int,
-               lm: dict, adversary_params: dict, adversary: str = "lm", heads=HEADS, records_per_decade: int = 10):
+               lm: dict, adversary_params: dict, adversaries=("lm",), heads=HEADS, records_per_decade: int = 10):
     from ..sweep import grid_from_dict
 
     data = {"steps": steps, "records_per_decade": records_per_decade,
-            "description": f"heads comparison: {adversary} at V x D = {vocab} x {dim}, {optimizer} lr {lr:g}",
-            "axes": {"retraction": list(retractions), "precision": list(precisions), "adversary": [adversary],
+            "description": f"{', '.join(adversaries)} at V x D = {vocab} x {dim}, {optimizer} lr {lr:g}, {steps} steps",
+            "axes": {"retraction": list(retractions), "precision": list(precisions), "adversary": list(adversaries),
                      "optimizer": [optimizer], "lr": [lr], "head": list(heads), "shape": [f"{vocab}x{dim}"],
                      "seed": [seed]},
             "fixed": {"adversary_params": dict(adversary_params)}}
-    if adversary == "lm":
+    if "lm" in adversaries:
         data["fixed"]["lm"] = dict(lm)
-    return grid_from_dict(data, f"pitcheck heads ({adversary})")
+    return grid_from_dict(data, f"pitcheck heads ({', '.join(adversaries)})")
 
 
 def head_label(config) -> str:
@@ -54,39 +54,41 @@ def _cell_curves(out: Path, cell) -> dict:
     return {"rows": rows, "breakdown": any(e["event"] == "breakdown" for e in events)}
 
 
-def summarise_heads(out: Path, grid, reference_out: Path | None, reference_grid) -> list[dict]:
+def _table(out: Path, grid) -> list[dict]:
     from ..sweep import cells
 
-    ref = {}
-    if reference_grid is not None:
-        for c in cells(reference_grid):
-            rows = _cell_curves(reference_out, c)["rows"]
-            ref[(c.config.precision, c.config.retraction)] = (c.config.adversary, rows)
-    table = []
     precisions, retractions = grid.axes["precision"], grid.axes["retraction"]
+    adversaries = grid.axes["adversary"]
 
-    def order(c):  # precision, then PIT by retraction, then tied, untied
+    def order(c):  # adversary, precision, then PIT by retraction, then tied, untied
         h = c.config
-        return (precisions.index(h.precision), HEADS.index(h.head),
+        return (adversaries.index(h.adversary.replace(",", "+")), precisions.index(h.precision), HEADS.index(h.head),
                 retractions.index(h.retraction) if h.head == "pit" else 0)
 
+    table = []
     for c in sorted(cells(grid), key=order):
         data = _cell_curves(out, c)
         rows, last = data["rows"], data["rows"][-1]
-        adv, ref_rows = ref.get((c.config.precision, c.config.retraction), ("", None)) \
-            if c.config.head == "pit" else ("", None)
+        nan = float("nan")
         table.append({
-            "precision": c.config.precision, "head": head_label(c.config), "steps": last["step"],
+            "source": c.config.adversary.replace(",", "+"), "precision": c.config.precision,
+            "head": head_label(c.config), "steps": last["step"],
             "final_pinv_drift": last["pinv_drift"], "max_pinv_drift": max(r["pinv_drift"] for r in rows),
-            "final_orthonormality": last["orthonormality"], "final_cond_T": last["cond_T"],
-            "first_heldout_loss": rows[0].get("heldout_loss", float("nan")),
-            "final_train_loss": last.get("train_loss", float("nan")),
-            "final_heldout_loss": last.get("heldout_loss", float("nan")),
-            "final_shadow_heldout_loss": last.get("shadow_heldout_loss", float("nan")),
-            "final_shadow_Z": last["shadow_Z"], "breakdown": data["breakdown"], "reference_adversary": adv,
-            "reference_final_pinv_drift": ref_rows[-1]["pinv_drift"] if ref_rows else float("nan"),
-            "reference_max_pinv_drift": max(r["pinv_drift"] for r in ref_rows) if ref_rows else float("nan"),
-            "_rows": rows, "_reference_rows": ref_rows})
+            "final_orthonormality": last["orthonormality"],
+            "max_orthonormality": max(r["orthonormality"] for r in rows),
+            "final_cond_T": last["cond_T"], "max_cond_T": max(r["cond_T"] for r in rows),
+            "first_heldout_loss": rows[0].get("heldout_loss", nan), "final_train_loss": last.get("train_loss", nan),
+            "final_heldout_loss": last.get("heldout_loss", nan),
+            "final_shadow_heldout_loss": last.get("shadow_heldout_loss", nan),
+            "final_shadow_Z": last["shadow_Z"], "breakdown": data["breakdown"], "_rows": rows})
+    return table
+
+
+def summarise_heads(out: Path, grid, reference_out: Path | None, reference_grid) -> list[dict]:
+    """The lm cells' rows, then the reference cells' (each with its curves under '_rows')."""
+    table = _table(out, grid)
+    if reference_grid is not None:
+        table += _table(reference_out, reference_grid)
     return table
 
 
@@ -103,21 +105,38 @@ def _g(x) -> str:
     return "-" if x != x else f"{x:.3g}"
 
 
-def heads_markdown(table: list[dict], grid, info: dict) -> str:
+def _timing(what: str, info: dict | None) -> str:
+    if not info:
+        return ""
+    runs = info.get("computations") or []
+    wall = sum(c.get("wall_seconds", 0) for c in runs)
+    return f"{what}: {info['cells']} cells, computed in {len(runs)} invocation(s), {wall:.0f} s wall in all. "
+
+
+def heads_markdown(table: list[dict], grid, reference_grid, info: dict, ref_info: dict | None = None) -> str:
+    lm_rows = [r for r in table if r["source"] == "lm"]
+    ref_rows = [r for r in table if r["source"] != "lm"]
     lines = [f"# Heads comparison: {grid.description}", "",
-             "Real training (the lm source: a causal LM on CPython's documentation text) against the same PIT "
-             "cells driven by the adversary in `reference/`. Losses in nats per token; pinv_drift = "
-             "‖W E − I‖_F as the model computes it; shadow = the float64 twin trained on the same batches.", "",
-             "| precision | head | pinv_drift final | pinv_drift max | adversarial max | ‖ZᵀZ−I‖ final | cond T "
-             "| held-out loss start → end | train loss end | float64 twin held-out | shadow Z |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in table:
+             "Real training (the lm source: a causal LM on CPython's documentation text), then the same PIT cells "
+             "driven by adversaries (`reference/`). Losses in nats per token; pinv_drift = ‖W E − I‖_F as the model "
+             "computes it; float64 twin = the shadow, its own body trained on the same batches.", "",
+             "| precision | head | pinv_drift final (max) | ‖ZᵀZ−I‖_F final | cond T final | held-out loss start → end "
+             "| train loss end | float64 twin held-out | shadow Z |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in lm_rows:
         lines.append(f"| {r['precision']} | {r['head']}{' (broke down)' if r['breakdown'] else ''} | "
-                     f"{_g(r['final_pinv_drift'])} | {_g(r['max_pinv_drift'])} | {_g(r['reference_max_pinv_drift'])} | "
-                     f"{_g(r['final_orthonormality'])} | {_g(r['final_cond_T'])} | "
-                     f"{r['first_heldout_loss']:.3f} → {r['final_heldout_loss']:.3f} | {r['final_train_loss']:.3f} | "
-                     f"{_g(r['final_shadow_heldout_loss'])} | {_g(r['final_shadow_Z'])} |")
-    lines += ["", f"Cells: {info['cells']}, computed now: {info['computed']}, wall {info['wall_seconds']:.0f} s.", "",
+                     f"{_g(r['final_pinv_drift'])} ({_g(r['max_pinv_drift'])}) | {_g(r['final_orthonormality'])} | "
+                     f"{_g(r['final_cond_T'])} | {r['first_heldout_loss']:.3f} → {r['final_heldout_loss']:.3f} | "
+                     f"{r['final_train_loss']:.3f} | {_g(r['final_shadow_heldout_loss'])} | {_g(r['final_shadow_Z'])} |")
+    if ref_rows:
+        lines += ["", f"Reference: {reference_grid.description}", "",
+                  "| adversary | precision | head | pinv_drift final (max) | ‖ZᵀZ−I‖_F final (max) | cond T final (max) |",
+                  "|---|---|---|---|---|---|"]
+        for r in ref_rows:
+            lines.append(f"| {r['source']} | {r['precision']} | {r['head']}{' (broke down)' if r['breakdown'] else ''} | "
+                         f"{_g(r['final_pinv_drift'])} ({_g(r['max_pinv_drift'])}) | {_g(r['final_orthonormality'])} "
+                         f"({_g(r['max_orthonormality'])}) | {_g(r['final_cond_T'])} ({_g(r['max_cond_T'])}) |")
+    lines += ["", (_timing("lm", info) + _timing("reference", ref_info)).strip(), "",
               "![heads](heads.png)", ""]
     return "\n".join(lines)
 
@@ -130,11 +149,17 @@ def plot_heads(out: Path, table: list[dict]) -> list[str]:
     precisions = list(dict.fromkeys(r["precision"] for r in table))
     fig, axes = plt.subplots(2, len(precisions), figsize=(4.6 * len(precisions) + 0.6, 7.0), squeeze=False,
                              sharex=True)
-    labels = list(dict.fromkeys(r["head"] for r in table))
+    labels = list(dict.fromkeys(r["head"] for r in table if r["source"] == "lm"))
     colours = {h: f"C{k}" for k, h in enumerate(labels)}
     for j, p in enumerate(precisions):
         loss_ax, drift_ax = axes[0][j], axes[1][j]
-        for r in (r for r in table if r["precision"] == p):
+        styles = {}
+        for r in (r for r in table if r["precision"] == p and r["source"] != "lm"):
+            style = styles.setdefault(r["source"], ("--", "-.", ":")[len(styles) % 3])
+            ref = r["_rows"]
+            drift_ax.loglog([max(x["step"], 1) for x in ref], [max(x["pinv_drift"], 1e-17) for x in ref],
+                            color=colours[r["head"]], ls=style, alpha=0.6, label=f"{r['head']}, {r['source']}")
+        for r in (r for r in table if r["precision"] == p and r["source"] == "lm"):
             steps = [max(x["step"], 1) for x in r["_rows"]]
             c = colours[r["head"]]
             loss_ax.semilogx(steps, [x.get("heldout_loss", float("nan")) for x in r["_rows"]], color=c,
@@ -142,17 +167,13 @@ def plot_heads(out: Path, table: list[dict]) -> list[str]:
             loss_ax.semilogx(steps, [x.get("train_loss", float("nan")) for x in r["_rows"]], color=c, ls=":")
             drift_ax.loglog(steps, [max(x["pinv_drift"], 1e-17) for x in r["_rows"]], color=c, marker=".",
                             label=r["head"])
-            if r["_reference_rows"]:
-                ref = r["_reference_rows"]
-                drift_ax.loglog([max(x["step"], 1) for x in ref], [max(x["pinv_drift"], 1e-17) for x in ref],
-                                color=c, ls="--", alpha=0.6, label=f"{r['head']}, {r['reference_adversary']}")
         loss_ax.set_title(p)
         drift_ax.set_xlabel("step (0 drawn at 1)")
         for ax in (loss_ax, drift_ax):
             ax.grid(True, alpha=0.3)
         if j == 0:
             loss_ax.set_ylabel("loss, nats/token (held-out solid, train dotted)")
-            drift_ax.set_ylabel("pinv_drift ‖W E − I‖_F (adversary dashed)")
+            drift_ax.set_ylabel("pinv_drift ‖W E − I‖_F (adversaries dashed)")
         loss_ax.legend(fontsize=7)
         drift_ax.legend(fontsize=6)
     fig.tight_layout()
@@ -175,7 +196,7 @@ def heads(out: Path | str, grid, reference_grid=None, workers: int | None = None
     table = summarise_heads(out / "lm", grid, ref_out, reference_grid)
     write_atomic(out / "heads.csv", heads_csv(table))
     plots = plot_heads(out, table)
-    write_atomic(out / "heads.md", heads_markdown(table, grid, info).encode())
+    write_atomic(out / "heads.md", heads_markdown(table, grid, reference_grid, info, ref_info).encode())
     timing = {"lm_wall_seconds": info["wall_seconds"], "lm_cells": info["cells"], "lm_computed": info["computed"]}
     if ref_info:
         timing.update(reference_wall_seconds=ref_info["wall_seconds"], reference_cells=ref_info["cells"])
@@ -205,14 +226,16 @@ def main_heads(args) -> int:
     grid = heads_grid(retractions=items(args.retractions, "--retractions"), **common)
     reference = None
     if args.reference != "none":
-        reference = heads_grid(retractions=items(args.retractions, "--retractions"), adversary=args.reference,
-                               heads=("pit",), **common)
+        reference = heads_grid(retractions=items(args.retractions, "--retractions"), heads=("pit",),
+                               adversaries=items(args.reference, "--reference"), **common)
     progress = False if args.no_progress else None
     result = heads(args.out, grid, reference, workers=args.workers, force=args.force, progress=progress)
-    print(f"{'precision':<11} {'head':<11} {'pinv_drift':>10} {'adv. max':>10} {'held-out loss':>18}")
+    print(f"{'source':<26} {'precision':<11} {'head':<11} {'pinv_drift':>10} {'orthonorm.':>10} {'cond_T':>9} "
+          f"{'held-out loss':>16}")
     for r in result["table"]:
-        print(f"{r['precision']:<11} {r['head']:<11} {r['final_pinv_drift']:>10.3g} "
-              f"{r['reference_max_pinv_drift']:>10.3g} {r['first_heldout_loss']:>8.3f} -> {r['final_heldout_loss']:.3f}")
+        loss = f"{r['first_heldout_loss']:.3f} -> {r['final_heldout_loss']:.3f}" if r["source"] == "lm" else "-"
+        print(f"{r['source']:<26} {r['precision']:<11} {r['head']:<11} {r['final_pinv_drift']:>10.3g} "
+              f"{r['final_orthonormality']:>10.3g} {r['final_cond_T']:>9.3g} {loss:>16}")
     print(f"-> {Path(args.out) / 'heads.md'}")
     return 0
 
@@ -224,8 +247,8 @@ def add_heads_parser(sub) -> None:
                        "each precision, beside an adversary's PIT cells: heads.md, heads.csv, heads.png")
     h.add_argument("--precisions", default="fp32,bf16-mixed")
     h.add_argument("--retractions", default="qr,cayley", help="PIT's retractions (comma-separated)")
-    h.add_argument("--reference", default="adaptive",
-                   help="adversary of the PIT reference cells ('+' sums models), or none")
+    h.add_argument("--reference", default="adaptive,dense_output+sparse_input",
+                   help="adversaries of the PIT reference cells (comma-separated; '+' sums models), or none")
     h.add_argument("--steps", type=int, default=600)
     h.add_argument("--vocab", type=int, default=1024)
     h.add_argument("--dim", type=int, default=32)
