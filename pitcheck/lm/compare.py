@@ -142,40 +142,51 @@ def heads_markdown(table: list[dict], grid, reference_grid, info: dict, ref_info
 
 
 def plot_heads(out: Path, table: list[dict]) -> list[str]:
-    """heads.{png,svg}: held-out loss (train dotted) and pinv_drift against step, a column per precision."""
+    """heads.{png,svg}, a column per precision: held-out loss (train dotted), pinv_drift and ‖ZᵀZ − I‖_F
+    against step; the reference adversaries' PIT cells dashed. The drift axis stops 1e3 above the lm runs'
+    largest value: an adversary that drives cond(T) to 1e34 would flatten every other curve."""
+    import math
+
     from ..report import _pyplot, _save
 
     plt = _pyplot()
     precisions = list(dict.fromkeys(r["precision"] for r in table))
-    fig, axes = plt.subplots(2, len(precisions), figsize=(4.6 * len(precisions) + 0.6, 7.0), squeeze=False,
+    fig, axes = plt.subplots(3, len(precisions), figsize=(4.8 * len(precisions) + 0.6, 10.0), squeeze=False,
                              sharex=True)
     labels = list(dict.fromkeys(r["head"] for r in table if r["source"] == "lm"))
     colours = {h: f"C{k}" for k, h in enumerate(labels)}
+    metrics = (("pinv_drift", "pinv_drift ‖W E − I‖_F"), ("orthonormality", "‖ZᵀZ − I‖_F (tables: ‖EᵀE − I‖_F)"))
     for j, p in enumerate(precisions):
-        loss_ax, drift_ax = axes[0][j], axes[1][j]
-        styles = {}
-        for r in (r for r in table if r["precision"] == p and r["source"] != "lm"):
-            style = styles.setdefault(r["source"], ("--", "-.", ":")[len(styles) % 3])
-            ref = r["_rows"]
-            drift_ax.loglog([max(x["step"], 1) for x in ref], [max(x["pinv_drift"], 1e-17) for x in ref],
-                            color=colours[r["head"]], ls=style, alpha=0.6, label=f"{r['head']}, {r['source']}")
-        for r in (r for r in table if r["precision"] == p and r["source"] == "lm"):
+        loss_ax = axes[0][j]
+        styles: dict = {}
+        for r in (r for r in table if r["precision"] == p):
             steps = [max(x["step"], 1) for x in r["_rows"]]
-            c = colours[r["head"]]
-            loss_ax.semilogx(steps, [x.get("heldout_loss", float("nan")) for x in r["_rows"]], color=c,
-                             marker=".", label=r["head"])
-            loss_ax.semilogx(steps, [x.get("train_loss", float("nan")) for x in r["_rows"]], color=c, ls=":")
-            drift_ax.loglog(steps, [max(x["pinv_drift"], 1e-17) for x in r["_rows"]], color=c, marker=".",
-                            label=r["head"])
+            c = colours.get(r["head"], "k")
+            if r["source"] == "lm":
+                loss_ax.semilogx(steps, [x.get("heldout_loss", math.nan) for x in r["_rows"]], color=c,
+                                 marker=".", label=r["head"])
+                loss_ax.semilogx(steps, [x.get("train_loss", math.nan) for x in r["_rows"]], color=c, ls=":")
+                style, label, extra = "-", r["head"], {"marker": "."}
+            else:
+                style = styles.setdefault(r["source"], ("--", "-.", ":")[len(styles) % 3])
+                label, extra = f"{r['head']}, {r['source']}", {"alpha": 0.6}
+            for k, (metric, _) in enumerate(metrics):
+                axes[k + 1][j].loglog(steps, [max(x[metric], 1e-17) for x in r["_rows"]], color=c, ls=style,
+                                      label=label, **extra)
+        lm_peak = max((x["pinv_drift"] for r in table if r["precision"] == p and r["source"] == "lm"
+                       for x in r["_rows"] if math.isfinite(x["pinv_drift"])), default=None)
+        if lm_peak:
+            axes[1][j].set_ylim(top=lm_peak * 1e3)
         loss_ax.set_title(p)
-        drift_ax.set_xlabel("step (0 drawn at 1)")
-        for ax in (loss_ax, drift_ax):
-            ax.grid(True, alpha=0.3)
+        axes[-1][j].set_xlabel("step (0 drawn at 1)")
+        for row in axes:
+            row[j].grid(True, alpha=0.3)
         if j == 0:
             loss_ax.set_ylabel("loss, nats/token (held-out solid, train dotted)")
-            drift_ax.set_ylabel("pinv_drift ‖W E − I‖_F (adversaries dashed)")
+            for k, (_, name) in enumerate(metrics):
+                axes[k + 1][j].set_ylabel(f"{name}\n(adversaries dashed)")
         loss_ax.legend(fontsize=7)
-        drift_ax.legend(fontsize=6)
+        axes[2][j].legend(fontsize=6)
     fig.tight_layout()
     return _save(plt, fig, out, "heads")
 
