@@ -127,7 +127,7 @@ def heads_markdown(table: list[dict], grid, reference_grid, info: dict, ref_info
         lines.append(f"| {r['precision']} | {r['head']}{' (broke down)' if r['breakdown'] else ''} | "
                      f"{_g(r['final_pinv_drift'])} ({_g(r['max_pinv_drift'])}) | {_g(r['final_orthonormality'])} | "
                      f"{_g(r['final_cond_T'])} | {r['first_heldout_loss']:.3f} → {r['final_heldout_loss']:.3f} | "
-                     f"{r['final_train_loss']:.3f} | {_g(r['final_shadow_heldout_loss'])} | {_g(r['final_shadow_Z'])} |")
+                     f"{r['final_train_loss']:.3f} | {r['final_shadow_heldout_loss']:.3f} | {_g(r['final_shadow_Z'])} |")
     if ref_rows:
         lines += ["", f"Reference: {reference_grid.description}", "",
                   "| adversary | precision | head | pinv_drift final (max) | ‖ZᵀZ−I‖_F final (max) | cond T final (max) |",
