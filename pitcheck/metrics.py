@@ -226,7 +226,7 @@ def pinv_drift(E: np.ndarray, B: np.ndarray) -> float:
 def _pinv_drift(M: np.ndarray) -> float:
     # W E = B^T E = M^T with M = E^T B; the Frobenius norm does not see the transpose
     with np.errstate(over="ignore", invalid="ignore"):
-        drift = float(np.linalg.norm(M - np.eye(M.shape[0])))
+        drift = float(np.linalg.norm(M - np.eye(*M.shape)))
     return _finite({"pinv_drift": drift}, "entries too large")["pinv_drift"]
 
 
@@ -257,17 +257,31 @@ def _thin_qr(E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import scipy.linalg
 
     try:
-        R1 = scipy.linalg.cholesky(E.T @ E, lower=False, check_finite=False)
-        s = np.linalg.svd(R1, compute_uv=False)
-        if np.isfinite(s).all() and s[-1] > 0 and s[0] / s[-1] <= CHOLQR2_MAX_COND:
+        with np.errstate(over="ignore", invalid="ignore"):
+            G = E.T @ E
+        # an SVD of non-finite entries can loop for ever: a Gram that overflowed goes to Householder
+        R1 = scipy.linalg.cholesky(G) if np.isfinite(G).all() else None  # upper: G = R1^T R1
+        if R1 is not None and _condition(R1) <= CHOLQR2_MAX_COND:
             # E R1^{-1} as the transposed solve R1^T X = E^T (E.T is a Fortran-ordered view: no copy)
-            Q1 = scipy.linalg.solve_triangular(R1, E.T, trans="T", check_finite=False).T
-            R2 = scipy.linalg.cholesky(Q1.T @ Q1, lower=False, check_finite=False)
-            Q = scipy.linalg.solve_triangular(R2, Q1.T, trans="T", check_finite=False).T
+            Q1 = scipy.linalg.solve_triangular(R1, E.T, trans="T").T
+            R2 = scipy.linalg.cholesky(Q1.T @ Q1)
+            Q = scipy.linalg.solve_triangular(R2, Q1.T, trans="T").T
             return Q, R2 @ R1
     except (np.linalg.LinAlgError, ValueError):
         pass
     return np.linalg.qr(E)
+
+
+def _condition(R: np.ndarray) -> float:
+    """cond_2 of a finite square triangular factor (inf when singular)."""
+    s = np.linalg.svd(R, compute_uv=False)
+    with np.errstate(divide="ignore"):
+        return float(s[0] / s[-1])
+
+
+def _require_tall(E: np.ndarray) -> None:
+    if E.shape[0] < E.shape[1]:
+        raise PitcheckError(f"E must have at least as many rows as columns (V >= D), got shape {E.shape}")
 
 
 def _penrose(E: np.ndarray, B: np.ndarray, M: np.ndarray, split: RangeSplit) -> dict:
@@ -311,12 +325,10 @@ def _pinv_error(split: RangeSplit) -> float:
     import scipy.linalg
 
     R = split.R
-    if R.shape[0] < R.shape[1]:
-        raise PitcheckError(f"E must have at least as many rows as columns (V >= D), got shape {split.Q.shape[0], R.shape[1]}")
     if not np.all(np.diag(R) != 0):
         raise PitcheckError("E is rank deficient: its pseudo-inverse is not a left inverse, pinv_error is undefined")
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        R_inv = scipy.linalg.solve_triangular(R, np.eye(R.shape[0]), check_finite=False)
+        R_inv = scipy.linalg.solve_triangular(R, np.eye(*R.shape))
         err = _ratio(np.sqrt(np.linalg.norm(split.C.T - R_inv) ** 2 + np.linalg.norm(split.B_perp) ** 2),
                      np.linalg.norm(R_inv))
     return _finite({"pinv_error": float(err)}, "E is too close to rank deficient")["pinv_error"]
@@ -326,6 +338,7 @@ def pinv_error(E: np.ndarray, B: np.ndarray) -> float:
     """||W - pinv(E)||_F / ||pinv(E)||_F with pinv(E) = R^{-1} Q^T from a thin QR of E (never V x V)."""
     E, B = as_matrix(E, "E"), as_matrix(B, "B")
     _same_shape(E, B, "E and B")
+    _require_tall(E)
     return _pinv_error(RangeSplit(E, B))
 
 
@@ -365,6 +378,7 @@ def head_metrics(E: np.ndarray, B: np.ndarray) -> dict:
     pen = _penrose(E, B, M, split)
     out["penrose"] = max(pen.values())
     out.update(pen)
+    _require_tall(E)
     out["pinv_error"] = _pinv_error(split)
     return out
 

@@ -294,10 +294,11 @@ def _svd_references(E, B):
             np.linalg.norm(B.T - pinv) / np.linalg.norm(pinv))
 
 
-@pytest.mark.parametrize("cond", [10.0, 1e9])
+@pytest.mark.parametrize("cond", [10.0, 1e5, 1e7, 1e9])
 def test_head_metrics_agree_with_svd_references_on_both_qr_paths(cond, monkeypatch):
-    """cond 10 takes Cholesky QR twice, cond 1e9 (above CHOLQR2_MAX_COND) Householder QR: both must give
-    the explicit V x V and SVD values, for a head off the pseudo-inverse and for the exact one."""
+    """Up to CHOLQR2_MAX_COND = 1e6 Cholesky QR twice, above it Householder QR (at 1e7 the Gram's
+    Cholesky still succeeds, so only the threshold sends it there; at 1e9 the Cholesky fails): both
+    must give the explicit V x V and SVD values, for a head off the pseudo-inverse and the exact one."""
     rng = np.random.default_rng(7)
     V, D = 40, 5
     U, _ = np.linalg.qr(rng.standard_normal((V, D)))
@@ -318,6 +319,18 @@ def test_head_metrics_agree_with_svd_references_on_both_qr_paths(cond, monkeypat
     assert bool(householder) == (cond > metrics.CHOLQR2_MAX_COND)
 
 
+def test_head_metrics_refuse_a_head_too_large_for_float64():
+    E = _orthonormal(40, 3)
+    with pytest.raises(PitcheckError, match="too large for a QR"):
+        metrics.pinv_error(E, np.full((40, 3), 1e308))  # Q^T B overflows; R is fine
+    with pytest.raises(PitcheckError, match="too large"):
+        metrics.head_metrics(E, np.full((40, 3), 1e308))
+    # E^T E overflows, so Householder QR takes over and still gives the values; pinv(E) = diag(1/s) E^T
+    s = np.array([1e160, 1.0, 0.5])
+    assert metrics.pinv_error(E * s, E / s) < 1e-15
+    assert metrics.pinv_error(E * s, 1.25 * E / s) == pytest.approx(0.25, rel=1e-12)
+
+
 def test_penrose_residuals_of_a_wide_embedding():
     # V < D: the fourth condition is still defined (pinv_error is not: E has no left inverse)
     E = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
@@ -325,6 +338,9 @@ def test_penrose_residuals_of_a_wide_embedding():
     BA = B @ E.T
     r = metrics.penrose_residuals(E, B)
     assert r["penrose_4"] == pytest.approx(np.linalg.norm(BA - BA.T) / np.linalg.norm(BA), rel=1e-14)
+    for pinv_metric in (metrics.pinv_error, metrics.head_metrics):
+        with pytest.raises(PitcheckError, match=r"V >= D\), got shape \(2, 3\)"):
+            pinv_metric(E, B)
 
 
 def test_pinv_error_is_relative_to_the_pseudo_inverse():
