@@ -95,20 +95,33 @@ def _ratio(num, den) -> float:
     raise PitcheckError("a relative residual's reference is zero (or underflows): the residual is undefined")
 
 
+def _gram_deviation(Z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return Z.T @ Z - np.eye(Z.shape[1])
+
+
+def _orthonormality(deviation: np.ndarray) -> float:
+    with np.errstate(over="ignore", invalid="ignore"):
+        loss = float(np.linalg.norm(deviation))
+    return _finite({"orthonormality": loss}, "entries too large")["orthonormality"]
+
+
+def _orthonormality_ratio(deviation: np.ndarray, vocab: int, u: float) -> float:
+    with np.errstate(over="ignore", invalid="ignore"):
+        ratio = float(np.linalg.norm(deviation, 1) / (vocab * u))
+    return _finite({"orthonormality_ratio": ratio}, "entries too large")["orthonormality_ratio"]
+
+
 def orthonormality_loss(Z: np.ndarray) -> float:
     """||Z^T Z - I||_F."""
     Z = as_matrix(Z, "Z")
-    with np.errstate(over="ignore", invalid="ignore"):
-        loss = float(np.linalg.norm(Z.T @ Z - np.eye(Z.shape[1])))
-    return _finite({"orthonormality": loss}, "entries too large")["orthonormality"]
+    return _orthonormality(_gram_deviation(Z))
 
 
 def orthonormality_ratio(Z: np.ndarray, u: float) -> float:
     """LAPACK dqrt01's ratio ||I - Z^T Z||_1 / (V u); about 1 for Householder QR, pass below 30."""
     Z, u = as_matrix(Z, "Z"), unit_roundoff(u)
-    with np.errstate(over="ignore", invalid="ignore"):
-        ratio = float(np.linalg.norm(np.eye(Z.shape[1]) - Z.T @ Z, 1) / (Z.shape[0] * u))
-    return _finite({"orthonormality_ratio": ratio}, "entries too large")["orthonormality_ratio"]
+    return _orthonormality_ratio(_gram_deviation(Z), Z.shape[0], u)
 
 
 def cholesky_conditioning(L: np.ndarray, u: float) -> dict:
@@ -262,14 +275,21 @@ def _thin_qr(E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # an SVD of non-finite entries can loop for ever: a Gram that overflowed goes to Householder
         R1 = scipy.linalg.cholesky(G) if np.isfinite(G).all() else None  # upper: G = R1^T R1
         if R1 is not None and _condition(R1) <= CHOLQR2_MAX_COND:
-            # E R1^{-1} as the transposed solve R1^T X = E^T (E.T is a Fortran-ordered view: no copy)
-            Q1 = scipy.linalg.solve_triangular(R1, E.T, trans="T").T
+            # E R1^{-1} as one GEMM with the D x D triangular inverse: a V-sized triangular solve on a
+            # transposed operand costs several GEMMs; below this condition number the inverse loses no
+            # more than the solve, and the second pass restores orthogonality to O(u)
+            Q1 = E @ _upper_inverse(R1)
             R2 = scipy.linalg.cholesky(Q1.T @ Q1)
-            Q = scipy.linalg.solve_triangular(R2, Q1.T, trans="T").T
-            return Q, R2 @ R1
+            return Q1 @ _upper_inverse(R2), R2 @ R1
     except (np.linalg.LinAlgError, ValueError):
         pass
     return np.linalg.qr(E)
+
+
+def _upper_inverse(R: np.ndarray) -> np.ndarray:
+    import scipy.linalg
+
+    return scipy.linalg.solve_triangular(R, np.eye(*R.shape))
 
 
 def _condition(R: np.ndarray) -> float:
@@ -287,17 +307,20 @@ def _require_tall(E: np.ndarray) -> None:
 def _penrose(E: np.ndarray, B: np.ndarray, M: np.ndarray, split: RangeSplit) -> dict:
     """The four Penrose residuals from M = E^T B and the range split of (E, B); see penrose_residuals."""
     D = E.shape[1]
-    Q, R, C, B_perp = split.Q, split.R, split.C, split.B_perp
+    R, C, B_perp = split.R, split.C, split.B_perp
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         MmI = M - np.eye(D)
-        r1 = _ratio(np.linalg.norm(E @ MmI.T), np.linalg.norm(E))  # ABA - A = (M - I) A
+        # ABA - A = (M - I) A, i.e. E (M - I)^T = Q R (M - I)^T: its norm and ||E||_F are R's
+        r1 = _ratio(np.linalg.norm(R @ MmI.T), np.linalg.norm(R))
         r2 = _ratio(np.linalg.norm(B @ MmI), np.linalg.norm(B))  # BAB - B = B (M - I)
         r3 = _ratio(np.linalg.norm(M - M.T), np.linalg.norm(M))
-        # BA - (BA)^T = Q (C R^T - R C^T) Q^T + B_perp R^T Q^T - Q R B_perp^T: three orthogonal pieces,
-        # the last two of equal norm; ||BA||_F = ||B R^T||_F
-        inner = C @ R.T - R @ C.T
+        # BA = B R^T Q^T = Q C R^T Q^T + B_perp R^T Q^T, so BA - (BA)^T = Q (C R^T - R C^T) Q^T
+        # + B_perp R^T Q^T - Q R B_perp^T: three orthogonal pieces, the last two of equal norm, and
+        # ||BA||_F^2 = ||C R^T||_F^2 + ||B_perp R^T||_F^2
+        CRt = C @ R.T
+        inner = np.linalg.norm(CRt - CRt.T)
         outer = np.linalg.norm(B_perp @ R.T)
-        r4 = _ratio(np.sqrt(np.linalg.norm(inner) ** 2 + 2.0 * outer ** 2), np.linalg.norm(B @ R.T))
+        r4 = _ratio(np.sqrt(inner ** 2 + 2.0 * outer ** 2), np.sqrt(np.linalg.norm(CRt) ** 2 + outer ** 2))
     return _finite({"penrose_1": float(r1), "penrose_2": float(r2), "penrose_3": float(r3), "penrose_4": float(r4)},
                    "entries too large or too small")
 
@@ -322,13 +345,11 @@ def penrose_residuals(E: np.ndarray, B: np.ndarray) -> dict:
 def _pinv_error(split: RangeSplit) -> float:
     # pinv(E) = R^{-1} Q^T and W = B^T = C^T Q^T + B_perp^T, so W - pinv(E) = (C^T - R^{-1}) Q^T + B_perp^T,
     # two orthogonal pieces; ||pinv(E)||_F = ||R^{-1}||_F
-    import scipy.linalg
-
     R = split.R
     if not np.all(np.diag(R) != 0):
         raise PitcheckError("E is rank deficient: its pseudo-inverse is not a left inverse, pinv_error is undefined")
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        R_inv = scipy.linalg.solve_triangular(R, np.eye(*R.shape))
+        R_inv = _upper_inverse(R)
         err = _ratio(np.sqrt(np.linalg.norm(split.C.T - R_inv) ** 2 + np.linalg.norm(split.B_perp) ** 2),
                      np.linalg.norm(R_inv))
     return _finite({"pinv_error": float(err)}, "E is too close to rank deficient")["pinv_error"]
@@ -355,7 +376,9 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     factor_u = u if factor_u is None else unit_roundoff(factor_u, "factor_u")
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, (int, np.integer)) or sample_rows < 1:
         raise PitcheckError(f"sample_rows must be a positive integer, got {sample_rows!r}")
-    out = {"orthonormality": orthonormality_loss(Z), "orthonormality_ratio": orthonormality_ratio(Z, u)}
+    deviation = _gram_deviation(Z)  # one Gram for both
+    out = {"orthonormality": _orthonormality(deviation),
+           "orthonormality_ratio": _orthonormality_ratio(deviation, Z.shape[0], u)}
     out.update(cholesky_conditioning(L, factor_u))
     ids = sample_ids(Z.shape[0], sample_rows)
     out.update(trisolve_errors(Z, L, E[ids], ids, u, out["cond_T"]))
