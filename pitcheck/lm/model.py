@@ -30,6 +30,12 @@ LN_EPS = 1e-5
 BATCH_STREAM, INIT_STREAM = 2**31 + 101, 2**31 + 102
 
 
+def _tensor(a) -> torch.Tensor:
+    """A float64 tensor in torch's own (64-byte aligned) memory: MKL's results can depend on the alignment
+    of their operands, and numpy's buffers are aligned less, differently from run to run."""
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).clone()
+
+
 def body_shapes(dim: int, layers: int, seq_len: int) -> dict[str, tuple]:
     shapes = {"pos": (seq_len, dim)}
     for i in range(layers):
@@ -70,11 +76,11 @@ class Head:
         A, B = engine.stored()
         self.leaves = {}
         if self.kind == "pit":
-            self.leaves = {"Z": torch.from_numpy(A), "L": torch.from_numpy(B)}
+            self.leaves = {"Z": _tensor(A), "L": _tensor(B)}
         else:
-            self.leaves = {"E": torch.from_numpy(A)}
+            self.leaves = {"E": _tensor(A)}
             if self.kind == "untied":
-                self.leaves["B"] = torch.from_numpy(B)
+                self.leaves["B"] = _tensor(B)
 
     def requires_grad(self) -> list:
         for t in self.leaves.values():
@@ -119,7 +125,7 @@ class LMSource:
 
             raise PitcheckError(f"lm.seq_len {p.seq_len} is longer than the text")
         self.dim = config.dim
-        self.body = {k: torch.from_numpy(v) for k, v in initial_body(config.dim, p.layers, p.seq_len,
+        self.body = {k: _tensor(v) for k, v in initial_body(config.dim, p.layers, p.seq_len,
                                                                       config.seed).items()}
         self.m = {k: torch.zeros_like(v) for k, v in self.body.items()}
         self.v = {k: torch.zeros_like(v) for k, v in self.body.items()}
@@ -221,7 +227,7 @@ class LMSource:
         self.t = int(d["t"])
         for prefix, table in (("w.", self.body), ("m.", self.m), ("v.", self.v)):
             for k in list(table):
-                table[k] = torch.from_numpy(np.array(d[prefix + k], dtype=np.float64))
+                table[k] = _tensor(d[prefix + k])
         self.pending = None
 
     def describe(self) -> dict:
