@@ -156,6 +156,30 @@ def _config(args, **over):
     return replace(RunConfig(), **values, **over)
 
 
+def _import_torch_holding_ctrl_c() -> None:
+    """Import torch with SIGINT blocked, then take any Ctrl-C that came meanwhile as KeyboardInterrupt.
+
+    A KeyboardInterrupt raised while torch's C++ start-up is calling back into Python cannot unwind
+    through it: the process aborts ('terminate called after throwing an instance of
+    pybind11::error_already_set', SIGABRT). Blocked, the signal waits and is delivered on unblocking.
+    """
+    import signal
+    import threading
+
+    if "torch" in sys.modules or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except (AttributeError, OSError):  # pragma: no cover - not POSIX
+        return
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # pragma: no cover - a dependency; its absence is reported where it is used
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -168,6 +192,8 @@ def _main(argv: list[str] | None) -> int:
     from .trajectory import RunBreakdown
 
     args = build_parser().parse_args(argv)
+    if args.command != "plot":  # every other verb computes with torch
+        _import_torch_holding_ctrl_c()
     progress = False if getattr(args, "no_progress", False) else None  # None: a bar only on a terminal
     try:
         if args.command == "run":

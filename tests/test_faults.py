@@ -422,3 +422,28 @@ def test_real_ctrl_c_during_start_up_is_one_line(tmp_path, delay):
     # -SIGINT: the signal came as the interpreter shut down after the run, which it ends silently
     assert proc.returncode in (0, 2, 130, -signal.SIGINT), (proc.returncode, err)
     assert len(err.strip().splitlines()) <= 1, err
+
+
+KICK_DURING_TORCH_IMPORT = """
+import importlib.abc, os, signal, sys
+class Kick(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torch.functional":  # deep inside torch's start-up
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Kick())
+from pitcheck.cli import _import_torch_holding_ctrl_c
+try:
+    _import_torch_holding_ctrl_c()
+except KeyboardInterrupt:
+    print("interrupted after the import:", hasattr(sys.modules["torch"], "nn"))
+"""
+
+
+def test_ctrl_c_inside_torch_start_up_waits_for_the_import_to_finish():
+    # a KeyboardInterrupt raised while torch's C++ start-up calls back into Python can abort the
+    # process ('terminate called ... pybind11::error_already_set'): the signal is held until it is done
+    done = subprocess.run([sys.executable, "-c", KICK_DURING_TORCH_IMPORT], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted after the import: True", done.stdout + done.stderr
