@@ -56,6 +56,9 @@ def _add_lm_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lm-lr", type=float, default=None, help=f"Adam learning rate of the body (default {LM.body_lr})")
     g.add_argument("--lm-eval-sequences", type=int, default=None,
                    help=f"sequences each recorded loss averages (default {LM.eval_sequences})")
+    g.add_argument("--lm-vocabulary", default=None, metavar="bpe|wordpiece:VOCAB.txt",
+                   help="bpe (learned from the text, the default) or a pretrained model's WordPiece vocab.txt, "
+                   "cut to --vocab tokens (that model's embedding table is then a --teacher)")
 
 
 def _lm_over(args) -> dict:
@@ -65,7 +68,7 @@ def _lm_over(args) -> dict:
 
     given = {field: getattr(args, opt) for opt, field in (
         ("lm_seq_len", "seq_len"), ("lm_sequences", "sequences"), ("lm_layers", "layers"), ("lm_lr", "body_lr"),
-        ("lm_eval_sequences", "eval_sequences")) if getattr(args, opt, None) is not None}
+        ("lm_eval_sequences", "eval_sequences"), ("lm_vocabulary", "vocabulary")) if getattr(args, opt, None) is not None}
     over = {}
     if given:
         if not uses_lm(args.adversary):

@@ -124,7 +124,8 @@ class RunConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise PitcheckError(f"{name} must be a number, got {value!r}")
         check_shapes(self.vocab, self.dim)
-        if self.teacher and teacher_shape(self.teacher) != (self.vocab, self.dim):
+        if self.teacher and teacher_shape(self.teacher) != (self.vocab, self.dim) and not (
+                lm.uses_lm(self.adversary) and lm.teacher_fits(self, teacher_shape(self.teacher))):
             raise PitcheckError(f"teacher {self.teacher} is {teacher_shape(self.teacher)}, "
                                 f"not V x D = ({self.vocab}, {self.dim})")
         check_memory(self.vocab, self.dim)
@@ -189,7 +190,10 @@ def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
     """Z0 (random orthonormal) and L0 (Cholesky factor of T0, T0 = I unless cond > 1), seeded."""
     rng = np.random.default_rng([config.seed, 2**32 - 1])  # a stream apart from the gradients'
     if config.teacher:
-        Z0 = polar_memory(load_teacher(config.teacher))
+        teacher = load_teacher(config.teacher)
+        if lm.uses_lm(config.adversary):  # a pretrained model's full table: the rows of the run's tokens
+            teacher = lm.teacher_rows(config, teacher)
+        Z0 = polar_memory(teacher)
     else:
         Z0 = random_memory(config.vocab, config.dim, rng)
     if config.cond == 1.0:

@@ -47,7 +47,9 @@ def test_corpus_split_vocabulary_sizes_and_determinism():
         assert c.train.max() < vocab and c.heldout.max() < vocab and c.train.min() >= 0
         assert len(c.pieces) == vocab and len(set(c.pieces)) == vocab  # every token a distinct byte string
         assert c.decode(c.heldout) == held  # byte-level: the held-out text round-trips exactly
-    load_corpus.cache_clear()
+    from pitcheck.lm.corpus import _bpe_corpus
+
+    _bpe_corpus.cache_clear()
     assert np.array_equal(load_corpus(1024).train, load_corpus(1024).train)
     # a larger vocabulary compresses the same text into fewer tokens
     assert load_corpus(1024).train.size < 0.5 * load_corpus(MIN_VOCAB).train.size
@@ -340,3 +342,64 @@ def test_minilm_word_embeddings_as_teacher():
     assert np.linalg.norm(Z0.T @ Z0 - np.eye(384)) < 1e-12
     P = Z0.T @ E0  # polar factor: E0 = Z0 P with P symmetric positive definite
     assert np.abs(P - P.T).max() < 1e-10 * np.abs(P).max() and np.linalg.eigvalsh(P).min() > 0
+
+
+# ---- a pretrained model's WordPiece vocabulary, and its table as the teacher ------------------------------
+def _toy_wordpiece(tmp_path):
+    """A WordPiece vocab.txt made from the text: [PAD], [UNK], its 400 commonest words, every character alone
+    and as '##' continuation (so every word has pieces)."""
+    from collections import Counter
+
+    from pitcheck.lm.corpus import basic_words
+
+    words = basic_words(split_text()[0])
+    chars = sorted({c for w in words for c in w})
+    common = [w for w, _ in Counter(words).most_common(400) if len(w) > 1]
+    tokens = ["[PAD]", "[UNK]"] + chars + ["##" + c for c in chars] + common
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return path, tokens
+
+
+def test_wordpiece_pieces_and_words():
+    from pitcheck.lm.corpus import basic_words, wordpiece_ids
+
+    assert basic_words("Héllo, World!\tx=1") == ["hello", ",", "world", "!", "x", "=", "1"]
+    index = {t: i for i, t in enumerate(["[UNK]", "un", "##aff", "##able", "a", "##b"])}
+    assert wordpiece_ids("unaffable", index, 0) == [1, 2, 3]
+    assert wordpiece_ids("ab", index, 0) == [4, 5]
+    assert wordpiece_ids("zz", index, 0) == [0]  # no piece fits: the whole word is [UNK]
+
+
+def test_wordpiece_vocabulary_and_teacher_rows(tmp_path):
+    from pitcheck.reference import polar_memory
+
+    path, tokens = _toy_wordpiece(tmp_path)
+    vocabulary = f"wordpiece:{path}"
+    c = load_corpus(300, vocabulary)
+    assert c.train.max() < 300 and len(c.rows) == 300 and list(c.rows) == sorted(c.rows)
+    assert tokens[c.rows[c.heldout[0]]] in split_text()[1].lower() or tokens[c.rows[c.heldout[0]]] == "[UNK]"
+    # the full table of the model is the teacher: the run takes the rows of its 300 tokens
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((len(tokens), 8))
+    np.save(tmp_path / "table.npy", table)
+    config = lm_config(vocab=300, lm=replace(SMALL, vocabulary=vocabulary), teacher=str(tmp_path / "table.npy"),
+                       steps=8)
+    config.validate()
+    Z0, _ = initial_state(config)
+    np.testing.assert_allclose(Z0, polar_memory(table[list(c.rows)]), atol=1e-14)
+    rows = run(config, tmp_path / "run", progress=False)
+    assert rows[-1]["heldout_loss"] < rows[0]["heldout_loss"]
+    # must fail: a table with another row count, and the full table without the WordPiece vocabulary
+    np.save(tmp_path / "short.npy", table[:-1])
+    with pytest.raises(PitcheckError, match="not V x D"):
+        replace(config, teacher=str(tmp_path / "short.npy")).validate()
+    with pytest.raises(PitcheckError, match="not V x D"):
+        replace(config, lm=SMALL).validate()
+
+
+@pytest.mark.parametrize("vocabulary,message", [("foo", "must be 'bpe' or 'wordpiece:VOCAB.txt'"),
+                                                ("wordpiece:/no/such/vocab.txt", "no such file")])
+def test_bad_vocabulary_is_refused(vocabulary, message):
+    with pytest.raises(PitcheckError, match=message):
+        lm_config(lm=replace(SMALL, vocabulary=vocabulary)).validate()

@@ -27,6 +27,9 @@ class LMParams:
     layers: int = 1  # transformer blocks between the embedding and the head (0: none)
     body_lr: float = 3e-3  # Adam's learning rate for the body
     eval_sequences: int = 64  # sequences of training and of held-out text each recorded loss is the mean over
+    # "bpe" (learned from the text) or "wordpiece:VOCAB.txt" (a pretrained model's, cut to the V most frequent
+    # tokens: that model's embedding table, given as the teacher, has a row for each)
+    vocabulary: str = "bpe"
 
     def check(self) -> None:
         for name, low, high in (("seq_len", 2, 1024), ("sequences", 1, 4096), ("layers", 0, 8),
@@ -34,6 +37,12 @@ class LMParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise PitcheckError(f"lm.{name} must be an integer in [{low}, {high}], got {value!r}")
+        if not isinstance(self.vocabulary, str):
+            raise PitcheckError(f"lm.vocabulary must be a string, got {self.vocabulary!r}")
+        if self.vocabulary != "bpe":
+            from .corpus import read_wordpiece, wordpiece_path
+
+            read_wordpiece(wordpiece_path(self.vocabulary))
         lr = self.body_lr
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (0 < lr < float("inf")):
             raise PitcheckError(f"lm.body_lr must be a positive finite number, got {lr!r}")
@@ -72,6 +81,25 @@ def make_source(config, engine):
     from .model import LMSource
 
     return LMSource(config, engine)
+
+
+def teacher_fits(config, shape: tuple) -> bool:
+    """Whether a teacher of this shape is a WordPiece model's full table, whose rows the run selects."""
+    if config.lm.vocabulary == "bpe" or len(shape) != 2 or shape[1] != config.dim:
+        return False
+    from .corpus import read_wordpiece, wordpiece_path
+
+    return shape[0] == len(read_wordpiece(wordpiece_path(config.lm.vocabulary)))
+
+
+def teacher_rows(config, teacher):
+    """The teacher's rows for the run's tokens: all of them for a table over the run's own vocabulary; the
+    kept tokens' rows of a WordPiece model's full table."""
+    if teacher.shape == (config.vocab, config.dim):
+        return teacher
+    from .corpus import load_corpus
+
+    return teacher[list(load_corpus(config.vocab, config.lm.vocabulary).rows)]
 
 
 def check_config(config) -> None:

@@ -22,7 +22,8 @@ HEADS_COLUMNS = ["source", "precision", "head", "steps", "final_pinv_drift", "ma
 
 
 def heads_grid(precisions, retractions, steps: int, vocab: int, dim: int, optimizer: str, lr: float, seed: int,
-               lm: dict, adversary_params: dict, adversaries=("lm",), heads=HEADS, records_per_decade: int = 10):
+               lm: dict, adversary_params: dict, adversaries=("lm",), heads=HEADS, records_per_decade: int = 10,
+               teacher: str = ""):
     from ..sweep import grid_from_dict
 
     data = {"steps": steps, "records_per_decade": records_per_decade,
@@ -33,6 +34,8 @@ def heads_grid(precisions, retractions, steps: int, vocab: int, dim: int, optimi
             "fixed": {"adversary_params": dict(adversary_params)}}
     if "lm" in adversaries:
         data["fixed"]["lm"] = dict(lm)
+    if teacher:
+        data["fixed"]["teacher"] = teacher
     return grid_from_dict(data, f"pitcheck heads ({', '.join(adversaries)})")
 
 
@@ -229,12 +232,14 @@ def main_heads(args) -> int:
 
     lm = replace(LMParams(), **{f: getattr(args, o) for o, f in (
         ("lm_seq_len", "seq_len"), ("lm_sequences", "sequences"), ("lm_layers", "layers"), ("lm_lr", "body_lr"),
-        ("lm_eval_sequences", "eval_sequences")) if getattr(args, o) is not None})
+        ("lm_eval_sequences", "eval_sequences"), ("lm_vocabulary", "vocabulary")) if getattr(args, o) is not None})
     params = {} if args.input_scale is None else {"input_scale": args.input_scale}
     common = dict(precisions=items(args.precisions, "--precisions"), steps=args.steps, vocab=args.vocab,
                   dim=args.dim, optimizer=args.optimizer, lr=args.lr, seed=args.seed, lm=lm.to_json(),
                   adversary_params=params)
-    grid = heads_grid(retractions=items(args.retractions, "--retractions"), **common)
+    # the teacher starts the lm cells; the adversaries' cells start at random (a WordPiece model's full
+    # table fits the lm vocabulary only)
+    grid = heads_grid(retractions=items(args.retractions, "--retractions"), teacher=args.teacher, **common)
     reference = None
     if args.reference != "none":
         reference = heads_grid(retractions=items(args.retractions, "--retractions"), heads=("pit",),
@@ -266,6 +271,8 @@ def add_heads_parser(sub) -> None:
     h.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     h.add_argument("--lr", type=float, default=3e-3)
     h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--teacher", default="", metavar="FILE.npy|FILE.safetensors:TENSOR",
+                   help="start the lm cells' Z (and the baselines' tables) at this embedding's polar factor")
     h.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     h.add_argument("--out", default="results/lm")
     h.add_argument("--force", action="store_true", help="recompute every cell instead of resuming")

@@ -12,7 +12,9 @@ import functools
 import hashlib
 import heapq
 import re
+import unicodedata
 from collections import Counter
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,9 +111,12 @@ class Corpus:
     heldout: np.ndarray
     pieces: tuple  # bytes of every token id
     text_sha256: str
+    vocabulary: str = "bpe"
+    rows: tuple | None = None  # wordpiece: the id in the full vocabulary (a teacher's row) of every token
 
     def describe(self) -> dict:
-        return {"corpus": "pydoc_data.topics", "text_sha256": self.text_sha256, "vocab": self.vocab,
+        return {"corpus": "pydoc_data.topics", "text_sha256": self.text_sha256, "vocabulary": self.vocabulary,
+                "vocab": self.vocab,
                 "train_tokens": int(self.train.size), "heldout_tokens": int(self.heldout.size),
                 "heldout": f"the last {HELDOUT_FRACTION:.0%} of every topic"}
 
@@ -125,8 +130,117 @@ def check_vocab(vocab: int) -> None:
                             f"vocabulary of the documentation text), got {vocab}")
 
 
+def load_corpus(vocab: int, vocabulary: str = "bpe") -> Corpus:
+    """The split text tokenised by `vocabulary`: "bpe" (learned here) or "wordpiece:VOCAB.txt" (cached)."""
+    if vocabulary == "bpe":
+        return _bpe_corpus(vocab)
+    return _wordpiece_corpus(vocab, wordpiece_path(vocabulary))
+
+
+def wordpiece_path(vocabulary: str) -> str:
+    kind, _, path = vocabulary.partition(":")
+    if kind != "wordpiece" or not path:
+        raise PitcheckError(f"lm.vocabulary must be 'bpe' or 'wordpiece:VOCAB.txt', got {vocabulary!r}")
+    if not Path(path).is_file():
+        raise PitcheckError(f"lm.vocabulary {vocabulary}: no such file")
+    return path
+
+
+@functools.lru_cache(maxsize=2)
+def read_wordpiece(path: str) -> tuple[str, ...]:
+    """A BERT-style vocab.txt: one token a line, its id the line number."""
+    try:
+        tokens = tuple(Path(path).read_text(encoding="utf-8").splitlines())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PitcheckError(f"cannot read the WordPiece vocabulary {path}: {exc}") from None
+    if "[UNK]" not in tokens or len(tokens) < MIN_VOCAB:
+        raise PitcheckError(f"{path} is not a WordPiece vocabulary (a token a line, with [UNK])")
+    return tokens
+
+
+def _is_punctuation(ch: str) -> bool:
+    o = ord(ch)
+    return 33 <= o <= 47 or 58 <= o <= 64 or 91 <= o <= 96 or 123 <= o <= 126 or \
+        unicodedata.category(ch).startswith("P")
+
+
+def basic_words(text: str) -> list[str]:
+    """Uncased BERT pre-tokenisation: lower case, accents stripped, split at white space and around every
+    punctuation character; control characters dropped."""
+    text = unicodedata.normalize("NFD", text.lower())
+    out, word = [], []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if cat == "Mn" or (cat.startswith("C") and ch not in "\t\n\r"):
+            continue
+        if ch.isspace() or _is_punctuation(ch):
+            if word:
+                out.append("".join(word))
+                word = []
+            if not ch.isspace():
+                out.append(ch)
+        else:
+            word.append(ch)
+    if word:
+        out.append("".join(word))
+    return out
+
+
+def wordpiece_ids(word: str, index: dict, unk: int, max_chars: int = 100) -> list[int]:
+    """Greedy longest-match-first pieces of one word ('##' marks a piece inside a word); [UNK] if none fit."""
+    if len(word) > max_chars:
+        return [unk]
+    ids, start = [], 0
+    while start < len(word):
+        end = len(word)
+        while end > start:
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in index:
+                ids.append(index[piece])
+                break
+            end -= 1
+        if end == start:
+            return [unk]
+        start = end
+    return ids
+
+
+@functools.lru_cache(maxsize=2)
+def _wordpiece_corpus(vocab: int, path: str) -> Corpus:
+    """The text in a pretrained model's WordPiece vocabulary, cut to its `vocab` tokens most frequent in the
+    training text ([UNK] stands for the rest): the model's embedding rows `rows` are a teacher for it."""
+    check_vocab(vocab)
+    tokens = read_wordpiece(path)
+    index = {t: i for i, t in enumerate(tokens)}
+    unk = index["[UNK]"]
+    train_text, held_text = split_text()
+    cache: dict[str, list[int]] = {}
+
+    def encode(text: str) -> list[int]:
+        out = []
+        for w in basic_words(text):
+            if w not in cache:
+                cache[w] = wordpiece_ids(w, index, unk)
+            out.extend(cache[w])
+        return out
+
+    train, held = encode(train_text), encode(held_text)
+    counts = Counter(train)
+    counts.pop(unk, None)
+    # the most frequent (ties: the smaller id), in the full vocabulary's order
+    kept = sorted([unk] + [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:vocab - 1]])
+    if len(kept) < vocab:
+        raise PitcheckError(f"the training text uses only {len(kept)} tokens of {path}; choose --vocab <= {len(kept)}")
+    new = {t: i for i, t in enumerate(kept)}
+    to_new = np.vectorize(lambda t: new.get(t, new[unk]), otypes=[np.int64])
+    sha = hashlib.sha256((train_text + "\0" + held_text).encode("utf-8")).hexdigest()
+    pieces = tuple(tokens[t].encode("utf-8") for t in kept)
+    return Corpus(vocab, to_new(np.array(train)), to_new(np.array(held)), pieces, sha, f"wordpiece:{path}",
+                  tuple(kept))
+
+
 @functools.lru_cache(maxsize=4)
-def load_corpus(vocab: int) -> Corpus:
+def _bpe_corpus(vocab: int) -> Corpus:
     """The split text tokenised by a vocab-token BPE vocabulary learned from its training part (cached)."""
     check_vocab(vocab)
     train_text, held_text = split_text()

@@ -117,7 +117,7 @@ class LMSource:
         self.params = config.lm
         self.seed = config.seed
         self.input_scale = float(config.adversary_params.input_scale)
-        self.corpus = load_corpus(config.vocab)
+        self.corpus = load_corpus(config.vocab, config.lm.vocabulary)
         p = self.params
         need = p.seq_len + 1
         if self.corpus.train.size <= need or self.corpus.heldout.size < need:
