@@ -150,6 +150,9 @@ def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int
     pool.shutdown(wait=True)
 
 
+LOCAL_OBJECT_STORE_BYTES = 100 * 2**20
+
+
 def _import_ray():
     try:
         import ray
@@ -178,7 +181,8 @@ def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str |
         if address:
             kwargs["address"] = address
         else:
-            kwargs["num_cpus"] = check_workers(workers)
+            # results are small dicts: a small object store (Ray's default takes 30% of the memory)
+            kwargs.update(num_cpus=check_workers(workers), object_store_memory=LOCAL_OBJECT_STORE_BYTES)
         try:
             ray.init(**kwargs)
         except Exception as exc:  # ConnectionError, RuntimeError, ValueError from a bad address

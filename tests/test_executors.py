@@ -89,7 +89,8 @@ def test_ray_gives_the_local_pool_s_results_bit_for_bit(tmp_path):
     ray = pytest.importorskip("ray")
     grid = tiny_grid(tmp_path)
     local = sw.sweep(tmp_path / "local", grid, workers=2, progress=False)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             object_store_memory=executors.LOCAL_OBJECT_STORE_BYTES)
     try:
         remote = sw.sweep(tmp_path / "ray", grid, executor="ray", progress=False)
     finally:
