@@ -261,7 +261,7 @@ class RangeSplit:
             self.Q, self.R = _thin_qr(E)
             self.C = self.Q.T @ B
             self.B_perp = B - self.Q @ self.C
-        if not (np.isfinite(self.R).all() and np.isfinite(self.C).all() and np.isfinite(self.B_perp).all()):
+        if not all(np.isfinite(part).all() for part in (self.R, self.C, self.B_perp)):
             raise PitcheckError("entries too large for a QR of E in float64")
 
 
