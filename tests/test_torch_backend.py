@@ -90,3 +90,21 @@ def test_cuda_runs_natively(tmp_path, precision):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["device"].startswith("cuda") and manifest["emulated"] == []
     assert np.isfinite(rows[-1]["pinv_drift"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_finiteness_check_sees_one_bad_entry_anywhere(dtype):
+    from pitcheck.arrays import NumpyOps, TorchOps
+
+    ops = TorchOps()
+    x = torch.randn(37, 5).to(dtype)
+    x[0, 0] = torch.finfo(dtype).max  # finite, however large
+    x[-1, -1] = -torch.finfo(dtype).max
+    assert ops.isfinite_all(x) and NumpyOps().isfinite_all(x.double().numpy())
+    assert ops.isfinite_all(torch.empty(0, 5, dtype=dtype))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in ((0, 0), (17, 2), (36, 4)):
+            y = x.clone()
+            y[where] = bad
+            assert not ops.isfinite_all(y), (bad, where)
+            assert not NumpyOps().isfinite_all(y.double().numpy())
