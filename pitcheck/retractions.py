@@ -103,6 +103,18 @@ def _contiguous(x):
     return np.ascontiguousarray(x)
 
 
+def _scale_columns_into_row_major(Q, scale):
+    """Q * scale written straight into a row-major array: one pass over LAPACK's column-major Q instead
+    of a scaled column-major copy and then a transposing one."""
+    if hasattr(Q, "is_contiguous"):
+        import torch
+
+        return torch.mul(Q, scale, out=torch.empty(Q.shape, dtype=Q.dtype, device=Q.device))
+    import numpy as np
+
+    return np.multiply(Q, scale, out=np.empty(Q.shape, dtype=Q.dtype))
+
+
 def _plain_torch(ops) -> bool:
     """True for torch Ops that do no reduced-precision emulation: fused kernels (addmm) are then exact
     substitutes for the namespace's matmul followed by an add."""
@@ -143,7 +155,7 @@ def retract_qr(Z, xi, ops=None):
     """Q factor of Householder QR of Z + xi with signs fixed so diag(R) > 0 (unique, continuous)."""
     ops = ops or ops_for(Z)
     Q, R = ops.qr(Z + xi)
-    return _contiguous(Q * ops.sign_nonzero(ops.diag(R)))
+    return _scale_columns_into_row_major(Q, ops.sign_nonzero(ops.diag(R)))
 
 
 @register("cholqr")
