@@ -10,7 +10,19 @@ from pitcheck.retractions import tangent_projection
 PARAMS = AdversaryParams()
 
 
-@pytest.mark.parametrize("name", [n for n in GRADIENT_MODELS if n != "adaptive"])
+import pitcheck.lm  # noqa: E402,F401  (registers "lm" whatever the collection order)
+
+# adaptive picks among the others; lm has state (its body), tested in test_lm.py
+STATELESS = [n for n in GRADIENT_MODELS if n not in ("adaptive", "lm")]
+
+
+def test_the_stateful_lm_source_refuses_a_stateless_call():
+    Z, L = pit_pair(40, 4, 2.0)
+    with pytest.raises(PitcheckError, match="has state"):
+        gradient("lm", Z, L, seed=0, step=0, params=PARAMS)
+
+
+@pytest.mark.parametrize("name", STATELESS)
 def test_models_are_seeded_and_shaped(name):
     Z, L = pit_pair(120, 6, 10.0)
     a = gradient(name, Z, L, seed=3, step=7, params=PARAMS)

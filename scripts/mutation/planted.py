@@ -9,10 +9,10 @@ PLANTED = [
     (M, "out.update(head_metrics(E, B))", "out.update(head_metrics(Z @ np.linalg.inv(L @ L.T), B))",
      T + "test_interface_metrics_judge_the_embedding_rows_as_computed_not_the_exact_ones"),
     # orthonormality ratio over eps = 2u
-    (M, "/ (Z.shape[0] * u))", "/ (Z.shape[0] * 2 * u))",
+    (M, "/ (vocab * u))", "/ (vocab * 2 * u))",
      T + "test_orthonormality_ratio_is_the_one_norm_over_vocab_times_u_not_eps"),
     # ... or in the Frobenius norm instead of LAPACK's 1-norm
-    (M, "np.eye(Z.shape[1]) - Z.T @ Z, 1)", "np.eye(Z.shape[1]) - Z.T @ Z)",
+    (M, "np.linalg.norm(deviation, 1)", "np.linalg.norm(deviation)",
      T + "test_orthonormality_ratio_is_the_one_norm_over_vocab_times_u_not_eps"),
     # triangular-solve backward ratio over eps
     (M, '"trisolve_backward_ratio": backward / u,', '"trisolve_backward_ratio": backward / (2 * u),',
