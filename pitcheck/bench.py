@@ -419,13 +419,23 @@ def plot(doc: dict, path: Path) -> Path:
     res = [r for r in doc["results"] if r["kind"] in ("retraction", "gemm", "peer")]
     shapes = sorted({(r["vocab"], r["dim"]) for r in res}, key=lambda s: s[0] * s[1] ** 2)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
-    for n in sorted({r["retraction"] for r in res}):
+    names = sorted({r["retraction"] for r in res} - {"gemm"})
+    colours = plt.get_cmap("tab20")
+    for i, n in enumerate(["gemm"] + names):
         pts = sorted((r["vocab"] * r["dim"] ** 2, r["ms"], shapes.index((r["vocab"], r["dim"])), r["ratio"], r["kind"])
                      for r in res if r["retraction"] == n)
-        style = dict(lw=2.5, color="k") if n == "gemm" else dict(lw=1, ls="--" if pts[0][4] == "peer" else "-")
-        ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n, **style)
+        if n == "gemm":
+            style = dict(lw=2.5, color="k")
+        else:  # one colour per method (tab20 has 20), peers dashed with square markers
+            peer = pts[0][4] == "peer"
+            style = dict(lw=1, color=colours(i - 1), ls="--" if peer else "-", marker="s" if peer else "o")
+        # shapes with the same V D^2 (16384 x 64 and 65536 x 32) share an x: points only, no zigzag
+        ax.loglog([p[0] for p in pts], [p[1] for p in pts], ls="none" if n != "gemm" else "-",
+                  **{k: v for k, v in style.items() if k != "ls"}, **({"marker": "o"} if n == "gemm" else {}),
+                  label="Z^T Z GEMM (the floor)" if n == "gemm" else None)
         if n != "gemm":
-            bx.semilogy([p[2] for p in pts], [p[3] for p in pts], marker="o", label=n, **style)
+            bx.semilogy([p[2] for p in pts], [p[3] for p in pts], label=n, **style)
+    ax.legend(fontsize=7, loc="upper left")
     ax.set_xlabel("V D^2")
     ax.set_ylabel("ms (CPU time, one thread, min of rounds)")
     bx.set_xticks(range(len(shapes)), [f"{v} x {d}" for v, d in shapes])
