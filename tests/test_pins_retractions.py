@@ -250,6 +250,14 @@ def test_ns5_is_muons_scalar_recurrence_on_an_orthonormal_point(backend):
     assert "ns5" in R.APPROXIMATE and R.NS5_COEFFICIENTS == (3.4445, -4.7750, 2.0315)
 
 
+def test_ns5_orthogonalises_the_step_taken_not_another():
+    # ns5(Z, xi) is the map applied to Z + xi: the same as starting from Z + xi with no step
+    Z = _orthonormal(11, 4)
+    xi = 0.3 * _tangent(Z)
+    np.testing.assert_allclose(R.retract_ns5(Z, xi), R.retract_ns5(Z + xi, 0 * Z), rtol=0, atol=1e-14)
+    assert np.abs(R.retract_ns5(Z, xi) - R.retract_ns5(Z - xi, 0 * Z)).max() > 1e-3
+
+
 def test_registry_names_and_unknown_names():
     assert {"none", "polar", "polar-gram", "polar-ns", "qr", "cholqr", "cholqr2", "ns5", "cayley",
             "cayley-iter"} <= set(R.RETRACTIONS)
