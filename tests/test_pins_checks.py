@@ -1,0 +1,346 @@
+"""Pins of the validator's judging (pitcheck.validate.checks) on synthetic probes whose answer is known.
+
+Every check is fed a case built to pass and a case built to fail at its documented boundary (TAU, RESOLVABLE,
+u = 2^-p and not eps, the scale check's fmax / 64 and tiny / u, the ladder's rungs), and the verdict, the
+measured ratio or the reason is asserted: tolerances sit far below any change of a constant, norm or
+operator (see scripts/mutation/). Fast: no target process, small arrays.
+"""
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pitcheck import reference
+from pitcheck.validate import checks
+from pitcheck.validate.checks import Context, Verdicts
+from pitcheck.validate.probes import Probe
+from tests.helpers import pit_pair
+
+V, D = 64, 8
+U32, U64, UBF = 2.0**-24, 2.0**-53, 2.0**-8
+FP32 = Context("float32", U32, V, D)
+FP64 = Context("float64", U64, V, D)
+BF16 = Context("bfloat16", UBF, V, D)
+UNIT32 = U32 * (1 + math.sqrt(D))  # FP32.unit(1): u + sqrt(D) u
+
+
+def maps(cond=10.0, seed=0, one_solve=False):
+    """E and W of an exact float64 PIT pair."""
+    Z, L = pit_pair(V, D, cond, seed)
+    if one_solve:
+        import scipy.linalg
+
+        E = scipy.linalg.solve_triangular(L, Z.T, lower=True, trans="T").T
+    else:
+        E = reference.embedding_matrix(Z, L)
+    return E, reference.head_matrix(Z, L)
+
+
+def probe_of(*states, **facts):
+    p = Probe(facts=dict(facts))
+    for label, (E, W), *extra in states:
+        p.add_state(label, E, W, **(extra[0] if extra else {}))
+    return p
+
+
+def rows_of(result, state):
+    return [d for d in result.details if d.get("state") == state]
+
+
+# ---- units, constants, CheckResult.to_json ------------------------------------------------------------
+
+def test_unit_is_u_plus_sqrt_d_times_the_fp32_u_at_most():
+    assert FP32.unit() == pytest.approx(U32 * (1 + math.sqrt(D)), rel=1e-14)
+    assert FP32.unit(3.0) == pytest.approx(3 * U32 * (1 + math.sqrt(D)), rel=1e-14)
+    assert FP64.unit() == pytest.approx(U64 * (1 + math.sqrt(D)), rel=1e-14)
+    # a half-precision target does its factor work in fp32: the length-D term is in fp32 units
+    assert BF16.unit() == pytest.approx(UBF + math.sqrt(D) * U32, rel=1e-14)
+    assert Context("float16", 2.0**-11, V, 100).unit(2.0) == pytest.approx(2 * (2.0**-11 + 10 * U32), rel=1e-14)
+
+
+def test_context_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FP32.u = 1.0
+    assert hash(Context("float32", U32, V, D)) == hash(FP32)
+
+
+def test_generic_condition_is_ten_or_what_the_dtype_resolves():
+    assert checks.generic_condition(FP32) == 10.0
+    assert checks.generic_condition(BF16) == pytest.approx(0.9 * 0.1 / (16 * BF16.unit(1.0)), rel=1e-12)
+    # a dtype whose limit is 10.5: the cap 10 applies, not 9 or 11
+    u = 0.9 * 0.1 / (16 * 10.5) - math.sqrt(D) * U32
+    assert checks.generic_condition(Context("x", u, V, D)) == 10.0
+    u = 0.9 * 0.1 / (16 * 9.5) - math.sqrt(D) * U32
+    assert checks.generic_condition(Context("x", u, V, D)) == pytest.approx(9.5, rel=1e-12)
+
+
+def test_to_json_spells_non_finite_values():
+    r = checks.CheckResult("x", "fail", math.inf, 16.0, -math.inf, "why",
+                           [{"a": math.nan, "b": math.inf, "c": -math.inf, "d": 2.5, "e": "text", "f": 3}])
+    j = r.to_json()
+    assert j["value"] == "inf" and j["measured"] == "-inf" and j["threshold"] == 16.0
+    assert j["details"] == [{"a": "nan", "b": "inf", "c": "-inf", "d": 2.5, "e": "text", "f": 3}]
+    r = checks.CheckResult("x", "pass", None, None, math.nan)
+    assert r.to_json()["value"] is None and r.to_json()["measured"] == "nan"
+    assert checks.CheckResult("x", "pass", 0.5, 16.0, 1e-9).to_json()["value"] == 0.5
+
+
+def test_condition_number():
+    assert checks.condition_number(np.array([[2.0, 0.0, 0.0], [0.0, 0.6, 0.0]])) == pytest.approx(2 / 0.6, rel=1e-14)
+    assert checks.condition_number(np.array([[2.0, 0.0, 0.0]])) == 1.0  # D = 1: one singular value
+    assert checks.condition_number(np.zeros((2, 3))) == math.inf
+    assert checks.condition_number(np.array([[1.0, 0.0], [0.0, 0.0]])) == math.inf
+
+
+# ---- Verdicts: TAU, RESOLVABLE, the worst ratio, the reason --------------------------------------------
+
+def test_ratio_passes_at_tau_and_fails_above():
+    v = Verdicts("t", FP32)
+    v.ratio("a", 16 * 2.0**-20, 2.0**-20, "m")  # exactly TAU units
+    assert v.done().verdict == "pass" and v.result.value == 16.0
+    for r, verdict in ((15.5, "pass"), (16.5, "fail")):
+        v = Verdicts("t", FP32)
+        v.ratio("a", r * 2.0**-20, 2.0**-20, "m")
+        assert v.done().verdict == verdict
+    v = Verdicts("t", FP32)
+    v.ratio("a", 17 * 2.0**-20, 2.0**-20, "err")
+    assert v.done().reason == "a: err 1.62e-05 is 17 x its unit (threshold 16)"
+
+
+def test_ratio_is_inconclusive_when_the_threshold_exceeds_resolvable():
+    v = Verdicts("t", FP32)
+    v.ratio("a", 0.0, 0.1 / 16, "m")  # TAU * unit == RESOLVABLE exactly: still resolvable
+    assert v.done().verdict == "pass"
+    v = Verdicts("t", FP32)
+    v.ratio("a", 0.0, 0.01, "m")  # threshold 0.16
+    r = v.done()
+    assert r.verdict == "inconclusive" and r.reason == "a: float32 cannot resolve m (threshold 0.16)"
+    assert r.value is None
+    v = Verdicts("t", FP32)
+    v.ratio("a", 0.0, 0.05, "m")  # threshold 0.8 < 1.1
+    assert v.done().verdict == "inconclusive"
+
+
+def test_ratio_of_a_non_positive_or_infinite_unit():
+    for scale in (0.0, -0.5):
+        v = Verdicts("t", FP32)
+        v.ratio("a", 1e-9, scale, "m")
+        r = v.done()
+        assert r.verdict == "fail" and r.details[0]["ratio"] == math.inf
+    v = Verdicts("t", FP32)
+    v.ratio("a", 1e-9, math.inf, "m")
+    assert "rank deficient" in v.done().reason
+
+
+def test_result_keeps_the_worst_judged_ratio():
+    v = Verdicts("t", FP32)
+    v.ratio("a", 5e-9, 1e-9, "m")
+    v.ratio("b", 2e-9, 1e-9, "m")
+    v.ratio("c", 9e-3, 1e-2, "m")  # inconclusive: not a measured ratio
+    r = v.done()
+    assert r.value == pytest.approx(5.0) and r.measured == 5e-9 and r.verdict == "inconclusive"
+    v = Verdicts("t", FP32)
+    v.ratio("a", 2e-9, 1e-9, "m")
+    v.ratio("b", 4e-9, 2e-9, "m")  # the same ratio: the first measurement stays
+    assert v.result.value == pytest.approx(2.0) and v.result.measured == 2e-9
+
+
+def test_reason_names_three_failures_or_two_unresolved():
+    v = Verdicts("t", FP32)
+    for k in range(4):
+        v.fail(f"s{k}", "bad")
+    assert v.done().reason == "s0: bad; s1: bad; s2: bad"
+    v = Verdicts("t", FP32)
+    for k in range(3):
+        v.inconclusive(f"s{k}", "hard")
+    assert v.done().reason == "s0: hard; s1: hard"
+
+
+# ---- contract ----------------------------------------------------------------------------------------
+
+def test_representable_fraction_counts_the_finite_non_zero_entries():
+    third = float(np.float32(1 / 3))  # an fp32 value, not a bfloat16 one
+    assert checks.representable_fraction([0.0, 0.0, -0.5, third, 0.25], "bfloat16") == pytest.approx(2 / 3)
+    assert checks.representable_fraction([0.0, 0.0, 0.5, -third, -0.25], "bfloat16") == pytest.approx(2 / 3)
+    assert checks.representable_fraction([0.0, 0.0, 0.0, 1.0, third], "bfloat16") == 0.5
+    assert checks.representable_fraction([0.0, 0.0, 0.0, -1.0, third], "bfloat16") == 0.5
+    assert checks.representable_fraction([math.inf, 0.5, third, math.nan], "bfloat16") == 0.5
+    assert checks.representable_fraction([0.0, 0.0], "bfloat16") == 0.0
+    assert checks.representable_fraction([0.5], "bfloat16") == 1.0
+
+
+def contract_probe(E=None, W=None, ctx=FP32, embed_shape=None, logits_shape=None, out_dtype=None, tensors=()):
+    if E is None:
+        E, W = maps()
+        E, W = E + 1e-3 / 3, W + 1e-3 / 3  # float64 values: not exact in any narrower format
+    facts = {"embed": {"shape": embed_shape or [2, 3, ctx.dim], "dtype": out_dtype or ctx.dtype},
+             "logits": {"shape": logits_shape or [2, 3, ctx.vocab], "dtype": out_dtype or ctx.dtype},
+             "tensors": list(tensors)}
+    return json.loads(json.dumps(facts)), probe_of(("init", (E, W)), **facts)
+
+
+@pytest.mark.parametrize("shapes", [dict(embed_shape=[2, 3, D + 1]), dict(embed_shape=[2, 3, D - 1]),
+                                    dict(logits_shape=[2, 3, V + 1]), dict(logits_shape=[2, 2, V])])
+def test_contract_fails_a_wrong_output_shape(shapes):
+    _, p = contract_probe(ctx=FP64, **shapes)
+    r = checks.check_contract(p, FP64)
+    assert r.verdict == "fail" and "returned shape" in r.reason
+
+
+def test_contract_passes_what_came_through_json_and_fails_a_wider_or_narrower_output():
+    facts, p = contract_probe(ctx=FP64, tensors=[{"name": "Z", "dtype": "float64", "kind": "parameter"},
+                                                 {"name": "step", "dtype": "int64", "kind": "buffer"}])
+    p.facts.update(facts)  # strings as a real probe has them: decoded from JSON, not the literals
+    r = checks.check_contract(p, FP64)
+    assert r.verdict == "pass" and r.value is None and r.threshold is None
+    assert rows_of(r, "all") == [{"state": "all", "verdict": "pass", "measure": "shapes and dtypes"}]
+    _, p = contract_probe(out_dtype="float64")
+    r = checks.check_contract(p, FP32)
+    assert r.verdict == "fail" and "embed returned float64 when float32 was asked for" in r.reason
+    assert rows_of(r, "all") == []
+
+
+def test_contract_storage_width_table():
+    # a tensor wider than the dtype asked for is fine; a narrower one is not
+    for ctx, ok, bad in ((FP32, "float64", "bfloat16"), (FP32, "float32", "float16"), (BF16, "float16", None),
+                         (FP64, "float64", "float32"), (Context("float16", 2.0**-11, V, D), "float32", "bfloat16")):
+        E, W = maps()
+        E, W = E + 1e-3 / 3, W + 1e-3 / 3
+        if ctx is BF16:
+            E, W = np.round(E * 256) / 256 + 1 / 1024, np.round(W * 256) / 256 + 1 / 1024
+        facts = json.loads(json.dumps({"embed": {"shape": [2, 3, D], "dtype": ctx.dtype},
+                                       "logits": {"shape": [2, 3, V], "dtype": ctx.dtype}}))
+        for dt, verdict in ((ok, "pass"), (bad, "fail")):
+            if dt is None:
+                continue
+            p = probe_of(("init", (E, W)), **facts, tensors=[{"name": "Z", "dtype": dt, "kind": "parameter"}])
+            r = checks.check_contract(p, ctx)
+            assert r.verdict == verdict, (ctx.dtype, dt, r.reason)
+            if verdict == "fail":
+                assert r.reason == f"Z: parameter Z is stored in {dt}, narrower than {ctx.dtype}"
+
+
+def _half_exact(frac_exact):
+    """E, W with a given fraction of entries exactly 1.0 (exact in every format), the rest fp32 thirds."""
+    n = V * D
+    x = np.full(n, float(np.float32(1 / 3)))
+    x[: int(round(frac_exact * n))] = 1.0
+    E = x.reshape(V, D)
+    return E, E.T.copy()
+
+
+def test_contract_fails_more_than_half_exact_narrow_values_with_the_percentage():
+    E, W = _half_exact(0.5)
+    _, p = contract_probe(E, W)
+    r = checks.check_contract(p, FP32)
+    assert r.verdict == "pass"  # exactly half is not "more than half"
+    E, W = _half_exact(0.75)
+    _, p = contract_probe(E, W)
+    r = checks.check_contract(p, FP32)
+    assert r.verdict == "fail"
+    assert r.reason.startswith("init: 75% of the embedding entries are exact bfloat16 values: "
+                               "computed or stored in bfloat16, not float32")
+    assert [d["raw"] for d in r.details if "raw" in d] == [0.75] * 4
+
+
+# ---- reference, with the batched gathers ---------------------------------------------------------------
+
+def batched_probe(rows_delta=0.0, logits_delta=0.0, states=3, zero=False, **overrides):
+    """Three states (the batched maps come from the last); rows and logits off by known relative errors."""
+    p = probe_of(*[(f"s{k}", maps(seed=k)) for k in range(states)])
+    E, W = maps(seed=states - 1)
+    if zero:
+        E = np.zeros_like(E)
+        p.arrays[f"E:s{states - 1}"] = E
+    rng = np.random.default_rng(5)
+    arrays = {}
+    for suffix, ids_shape in (("", (4,)), ("_grid", (2, 3))):
+        ids = rng.integers(0, V, ids_shape)
+        H = 0.01 * rng.standard_normal(ids_shape + (D,)) * (0 if zero else 1)
+        g = E[ids]
+        rows = g + rows_delta * np.linalg.norm(g) * (P := rng.standard_normal(g.shape)) / np.linalg.norm(P)
+        lg = H @ W
+        Q = rng.standard_normal(lg.shape)
+        lg = lg + logits_delta * np.linalg.norm(H) * np.linalg.norm(W) * Q / np.linalg.norm(Q)
+        names = ("ids", "embed_rows", "hidden", "logits_rows") if not suffix else \
+            ("ids_grid", "embed_grid", "hidden_grid", "logits_grid")
+        arrays.update(zip(names, (ids, rows, H, lg)))
+    arrays.update(overrides)
+    p.arrays.update(arrays)
+    return p
+
+
+def test_reference_judges_batched_and_grid_maps_in_units_of_u():
+    r = checks.check_reference(batched_probe(rows_delta=3 * UNIT32, logits_delta=5 * UNIT32), FP32)
+    assert r.verdict == "pass", r.reason
+    for label in ("batched", "(B, T) batches"):
+        emb, lg = rows_of(r, label)
+        assert emb["measure"] == "embed(ids) against rows of the full embedding"
+        assert emb["raw"] == pytest.approx(3 * UNIT32, rel=1e-6) and emb["ratio"] == pytest.approx(3, rel=1e-6)
+        assert lg["measure"] == "logits(h) against h W (W = logits(I))"
+        assert lg["raw"] == pytest.approx(5 * UNIT32, rel=1e-6) and lg["ratio"] == pytest.approx(5, rel=1e-6)
+
+
+@pytest.mark.parametrize("which", ["rows", "logits"])
+def test_reference_fails_batched_maps_off_by_more_than_tau(which):
+    kw = {"rows_delta": 20 * UNIT32} if which == "rows" else {"logits_delta": 20 * UNIT32}
+    r = checks.check_reference(batched_probe(**kw), FP32)
+    assert r.verdict == "fail" and r.reason.startswith("batched: ")
+    assert {d["state"] for d in r.details if d["verdict"] == "fail"} == {"batched", "(B, T) batches"}
+
+
+def test_reference_batched_against_the_last_state_only():
+    for states in (2, 3):
+        r = checks.check_reference(batched_probe(states=states), FP32)
+        assert r.verdict == "pass", r.reason
+        assert max(d["ratio"] for d in r.details if d["state"] in ("batched", "(B, T) batches")) < 1e-3
+
+
+def test_reference_all_zero_gathers_measure_zero():
+    r = checks.check_reference(batched_probe(zero=True), FP32)
+    for label in ("batched", "(B, T) batches"):
+        assert [d["ratio"] for d in rows_of(r, label)] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("bad", ["embed_rows", "logits_rows"])
+@pytest.mark.parametrize("delta", [1, -1])
+def test_reference_fails_wrong_batched_shapes_and_goes_on(bad, delta):
+    p = batched_probe()
+    x = p.arrays[bad]
+    p.arrays[bad] = x[:, : x.shape[1] + delta] if delta < 0 else np.concatenate([x, x[:, :1]], axis=1)
+    r = checks.check_reference(p, FP32)
+    assert r.verdict == "fail" and r.reason.startswith("batched: embed gave shape")
+    assert len(rows_of(r, "(B, T) batches")) == 2  # the grid is still judged
+    p = batched_probe()
+    x = p.arrays[bad]
+    p.arrays[bad] = x[: x.shape[0] + delta] if delta < 0 else np.concatenate([x, x[:1]])
+    r = checks.check_reference(p, FP32)
+    assert r.verdict == "fail" and r.reason.startswith("batched: embed gave shape")
+
+
+def test_reference_fails_non_finite_or_singular_states_and_goes_on():
+    E, W = maps(seed=1)
+    bad = E.copy()
+    bad[2, 3] = np.nan
+    r = checks.check_reference(probe_of(("a", (bad, W)), ("b", maps())), FP32)
+    assert r.verdict == "fail" and r.reason == "a: the maps contain non-finite values"
+    assert len(rows_of(r, "b")) == 1
+    Ws = np.zeros((D, V))
+    Ws[: D - 1, : D - 1] = np.eye(D - 1)  # W W^T = diag(1, ..., 1, 0): an exact zero eigenvalue
+    r = checks.check_reference(probe_of(("a", (Ws.T.copy(), Ws)), ("b", maps())), FP32)
+    assert r.reason == "a: the head W = T Z^T is rank deficient: T is singular"
+    assert len(rows_of(r, "b")) == 1
+
+
+def test_reference_exceptions_become_a_failure_that_names_them():
+    p = Probe(facts={"states": []}, arrays={"embed_rows": np.zeros((1, D))})
+    r = checks.judge("reference", p, FP32)
+    assert r.verdict == "fail" and r.reason.startswith("could not judge what the target returned: IndexError")
+    r = checks.judge("checkpoint", probe_of(("before", maps())), FP32)
+    assert r.verdict == "fail" and r.reason.startswith("could not judge what the target returned: KeyError")
+    p = Probe(facts={"max": 1e38, "tiny": 1e-38, "scaled": [{"exponent": 0}]},
+              arrays={"base": np.ones((2, V)), "hidden": np.zeros((2, D)), "scaled:0": np.ones((2, V))})
+    r = checks.judge("scale", p, FP32)
+    assert r.verdict == "fail" and r.reason.startswith("could not judge what the target returned: ValueError")
