@@ -9,7 +9,8 @@ any step regenerates exactly the gradients it would have seen.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
@@ -35,6 +36,26 @@ class AdversaryParams:
     normal_scale: float = 100.0  # off-manifold gradients are large: only projection error survives
     attack_scale: float = 1.0
     nonfinite_probability: float = 0.05
+
+
+# what each parameter may be: a probability, a non-negative scale or exponent, a positive count
+PROBABILITIES = ("spike_probability", "burst_probability", "nonfinite_probability")
+
+
+def check_adversary_params(params: AdversaryParams) -> None:
+    """Every parameter finite and in its range (a NaN scale would silently skip every step); one line if not."""
+    for f in fields(params):
+        value = getattr(params, f.name)
+        label = "--input-scale" if f.name == "input_scale" else f"adversary_params.{f.name}"
+        if f.name == "batch":
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise PitcheckError(f"{label} must be a positive integer, got {value!r}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(value) or value < 0:
+            raise PitcheckError(f"{label} must be a finite number >= 0, got {value!r}")
+        if f.name in PROBABILITIES and value > 1:
+            raise PitcheckError(f"{label} is a probability: it must be in [0, 1], got {value!r}")
 
 
 def register(name: str):

@@ -27,7 +27,7 @@ from . import __version__
 from . import lm
 from .engine import Engine, StateBreakdown, StepSettings
 from .errors import PitcheckError
-from .gradients import AdversaryParams, parse_adversary
+from .gradients import AdversaryParams, check_adversary_params, parse_adversary
 from .heads import HEADS, PIT_ONLY, TableEngine
 from .metrics import EXTENDED_BITS, drift_bound
 from .policy import get_policy
@@ -141,6 +141,7 @@ class RunConfig:
         if self.backend not in ("numpy", "torch"):
             raise PitcheckError(f"unknown backend {self.backend!r}; choose numpy or torch")
         names = parse_adversary(self.adversary)
+        check_adversary_params(self.adversary_params)
         if self.head not in HEADS:
             raise PitcheckError(f"unknown head {self.head!r}; choose from {', '.join(HEADS)}")
         if self.head != "pit":

@@ -447,3 +447,28 @@ def test_ctrl_c_inside_torch_start_up_waits_for_the_import_to_finish():
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted after the import: True", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_bad_input_scale_is_one_line_not_a_run_that_skips_every_step(tmp_path, capsys, value):
+    # a NaN scale made every gradient NaN: the run skipped all its steps and exited 0
+    code = cli.main(["run", "--adversary", "gaussian,sparse_input", *TINY[:4], "--steps", "3", "--no-progress",
+                     "--input-scale", value, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("pitcheck: error: --input-scale must be a finite number >= 0"), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"spike_probability": 1.5}, "adversary_params.spike_probability is a probability"),
+    ({"normal_scale": float("nan")}, "adversary_params.normal_scale must be a finite number >= 0"),
+    ({"batch": 0}, "adversary_params.batch must be a positive integer"),
+    ({"batch": 2.5}, "adversary_params.batch must be a positive integer"),
+])
+def test_adversary_parameters_out_of_range_are_refused(params, message):
+    from pitcheck.gradients import AdversaryParams
+
+    with pytest.raises(PitcheckError, match=message):
+        RunConfig(vocab=64, dim=4, steps=3, adversary_params=AdversaryParams(**params)).validate()
+    # the edges are allowed: no input gradient at all, a spike at every step
+    RunConfig(vocab=64, dim=4, steps=3, adversary_params=AdversaryParams(input_scale=0.0, spike_probability=1.0)).validate()
