@@ -344,3 +344,287 @@ def test_reference_exceptions_become_a_failure_that_names_them():
               arrays={"base": np.ones((2, V)), "hidden": np.zeros((2, D)), "scaled:0": np.ones((2, V))})
     r = checks.judge("scale", p, FP32)
     assert r.verdict == "fail" and r.reason.startswith("could not judge what the target returned: ValueError")
+
+
+# ---- conditioning ---------------------------------------------------------------------------------------
+
+def test_conditioning_ladder_rungs():
+    # fp32, D = 8: the top resolvable cond(T) is 0.1 / (16 unit(1)) = 2.7e4, rounded down to 2e4
+    assert 0.1 / (16 * UNIT32) == pytest.approx(27391, rel=1e-4)
+    assert checks.conditioning_ladder(FP32) == [1e2, 1e4, 2e4]
+    assert checks.conditioning_ladder(FP64) == [1e2, 1e4, 1e6]  # capped
+    assert checks.conditioning_ladder(FP64, cap=37000.0) == [1e2, 1e4, 3e4]
+    assert checks.conditioning_ladder(FP32, cap=500.0) == [1e2, 500.0]
+    assert checks.conditioning_ladder(FP32, cap=100.0) == [1e2]
+    assert checks.conditioning_ladder(FP32, cap=99.5) == []
+    assert checks.conditioning_ladder(BF16) == []
+    assert checks.conditioning_ladder(Context("float32", U32, V, 4 * D)) == [1e2, 1e4]  # top 1.6e4
+
+
+def diagonal_pair(s):
+    """W = [diag(s) 0] (D x V) and E = W^+: cond(T) exactly max(s) / min(s)."""
+    Dd = len(s)
+    W = np.zeros((Dd, 2 * Dd))
+    W[:, :Dd] = np.diag(s)
+    E = np.zeros((2 * Dd, Dd))
+    E[:Dd] = np.diag(1 / np.asarray(s))
+    return E, W
+
+
+def test_conditioning_reaching_half_the_top_rung_is_enough():
+    ctx = Context("float32", U32, 4, 2)  # unit(1) = u (1 + sqrt 2): top 0.1 / (16 unit) = 4.3e4 -> rung 4e4
+    assert checks.conditioning_ladder(ctx) == [1e2, 1e4, 4e4]
+    pair = diagonal_pair([2e4, 1.0])
+    assert checks.interface(*pair)["cond_T"] == 2e4
+    r = checks.check_conditioning(probe_of(("cond 2e4", pair)), ctx)
+    assert r.verdict == "pass", r.reason
+    r = checks.check_conditioning(probe_of(("cond 1.5e4", diagonal_pair([1.5e4, 1.0]))), ctx)
+    assert r.verdict == "inconclusive"
+    assert r.reason == "ladder: the module's parameters reached cond(T) = 1.5e+04, short of 4e+04"
+
+
+def test_conditioning_unreached_is_reported_from_one():
+    # only an attack state: nothing reached, cond(T) 1 is where a module starts
+    E, W = maps(cond=1.0)
+    r = checks.check_conditioning(probe_of(("zeroed L", (E, W), {"attack": "L"})), FP32)
+    assert r.verdict == "inconclusive"
+    assert r.reason == "ladder: the module's parameters reached cond(T) = 1, short of 2e+04"
+
+
+def test_conditioning_attack_states():
+    ladder = [(f"cond {c:g}", maps(cond=c)) for c in (1e2, 1e4, 2e4)]
+    # a finite, resolvable attack state is judged like any other, wherever it comes
+    bad = maps(cond=100.0, one_solve=True)
+    r = checks.check_conditioning(probe_of(("zeroed L", bad, {"attack": "L"}), *ladder), FP32)
+    assert r.verdict == "fail" and r.reason.startswith("zeroed L: ")
+    assert {d["state"] for d in r.details} == {"zeroed L", "cond 100", "cond 10000", "cond 20000"}
+    good = maps(cond=100.0)
+    r = checks.check_conditioning(probe_of(("zeroed L", good, {"attack": "L"}), *ladder), FP32)
+    assert r.verdict == "pass", r.reason
+    # beyond what fp32 resolves (16 cond unit > 0.1): finite is all that can be asked
+    wild = maps(cond=1e6)
+    r = checks.check_conditioning(probe_of(*ladder, ("zeroed L", wild, {"attack": "L"})), FP32)
+    assert r.verdict == "pass", r.reason
+    (row,) = rows_of(r, "zeroed L")
+    assert row["reason"] == "finite; cond(T) beyond what the dtype resolves" and row["verdict"] == "pass"
+
+
+def test_conditioning_records_refused_zeroings():
+    ladder = [(f"cond {c:g}", maps(cond=c)) for c in (1e2, 1e4, 2e4)]
+    p = probe_of(*ladder, zeroed=[{"parameter": "L", "raised": "ValueError: singular"},
+                                  {"parameter": "d", "state": "zeroed d"}])
+    r = checks.check_conditioning(p, FP32)
+    assert r.verdict == "pass"
+    assert rows_of(r, "zeroed L") == [{"state": "zeroed L", "verdict": "pass", "reason": "refused: ValueError: singular"}]
+    assert rows_of(r, "zeroed d") == []
+
+
+# ---- gradients ------------------------------------------------------------------------------------------
+
+def grad_probe(**f):
+    base = {"parameters": 2, "fd_dtype": "float32", "loss_scale": 3.0}
+    base.update(f)
+    return Probe(facts=base)
+
+
+def test_gradients_ratio_in_units_of_u_fd_to_the_two_thirds():
+    # noise-free differences: unit u_fd^(2/3) max(loss scale, |ad|) / scale, scale = max(|ad|, |fd|)
+    ad, fd = 2.0, 2.0 + 1e-6
+    r = checks.check_gradients(grad_probe(autograd=ad, finite_difference=fd, fd_at_step=fd, fd_at_half_step=fd), FP32)
+    row = r.details[0]
+    unit = U32 ** (2 / 3) * 3.0 / fd
+    assert row["raw"] == pytest.approx(1e-6 / fd, rel=1e-9)
+    assert row["ratio"] == pytest.approx(1e-6 / fd / unit, rel=1e-9)
+    assert row["fd_noise"] == 0.0 and r.verdict == "pass"
+    # |ad| above the loss scale sets the unit
+    ad, fd = 5.0, 5.0 + 1e-6
+    r = checks.check_gradients(grad_probe(autograd=ad, finite_difference=fd, fd_at_step=fd, fd_at_half_step=fd), FP32)
+    assert r.details[0]["ratio"] == pytest.approx(1e-6 / fd / (U32 ** (2 / 3) * ad / fd), rel=1e-9)
+
+
+def test_gradients_unit_is_the_measured_noise_when_larger():
+    ad = 2.0
+    r = checks.check_gradients(grad_probe(autograd=ad, finite_difference=ad + 0.02, fd_at_step=ad + 0.02,
+                                          fd_at_half_step=ad + 0.01), FP32)
+    row = r.details[0]
+    scale = ad + 0.02
+    assert row["fd_noise"] == pytest.approx(0.01 / scale, rel=1e-9)
+    assert row["ratio"] == pytest.approx(2.0, rel=1e-9) and r.verdict == "pass"
+
+
+def test_gradients_small_derivatives_are_relative():
+    ad = 1e-3
+    fd = ad * (1 + 1e-3)
+    r = checks.check_gradients(grad_probe(autograd=ad, finite_difference=fd, fd_at_step=fd, fd_at_half_step=fd,
+                                          loss_scale=1e-3), FP32)
+    assert r.details[0]["ratio"] == pytest.approx(1e-3 * ad / (U32 ** (2 / 3) * 1e-3), rel=1e-9)
+    assert r.verdict == "fail"
+
+
+def test_gradients_under_test_against_the_float64_autograd():
+    f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="float64")
+    r = checks.check_gradients(grad_probe(**f, autograd_under_test=0.5 * (1 + 1e-6), cond_T=3.0), FP32)
+    row = r.details[1]
+    assert row["state"] == "float32 vs float64 autograd"
+    assert row["raw"] == pytest.approx(1e-6, rel=1e-9)
+    assert row["ratio"] == pytest.approx(1e-6 / (3 * UNIT32), rel=1e-9)
+    r = checks.check_gradients(grad_probe(**f, autograd_under_test=0.5 * (1 + 1e-6)), FP32)
+    assert r.details[1]["ratio"] == pytest.approx(1e-6 / UNIT32, rel=1e-9)  # cond(T) 1 when not reported
+    r = checks.check_gradients(grad_probe(**f, autograd_under_test=0.5 * (1 + 1e-5)), FP32)
+    assert r.verdict == "fail"
+
+
+def test_gradients_of_zero_are_measured_as_zero():
+    f = dict(autograd=0.0, finite_difference=0.0, fd_at_step=0.0, fd_at_half_step=0.0, autograd_under_test=0.0)
+    r = checks.check_gradients(grad_probe(**f), FP32)
+    # 0 / 0 is no error; the differences' unit is unbounded there, so the first row cannot judge
+    assert [d["ratio"] for d in r.details] == [0.0, 0.0] and r.details[1]["verdict"] == "pass"
+
+
+# ---- trajectory, checkpoint -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("moved", ["E", "W", "both"])
+def test_trajectory_a_state_that_moved_either_map_is_not_still(moved):
+    E0, W0 = maps(cond=1.0)
+    E1, W1 = maps(cond=1.0, seed=1)
+    later = {"E": (E1, W0), "W": (E0, W1), "both": (E1, W1)}[moved]
+    r = checks.check_trajectory(probe_of(("step 0", (E0, W0)), ("step 10", later)), FP32)
+    assert "did not change" not in r.reason and rows_of(r, "trajectory") == []
+
+
+def test_trajectory_of_three_moving_states_passes_and_judges_after_a_non_finite_one():
+    states = [(f"step {k}", maps(cond=1.0, seed=k)) for k in range(3)]
+    r = checks.check_trajectory(probe_of(*states), FP32)
+    assert r.verdict == "pass", r.reason
+    E, W = maps(cond=1.0, seed=7)
+    E = E.copy()
+    E[0, 0] = np.inf
+    r = checks.check_trajectory(probe_of(("step 0", (E, W)), *states[1:]), FP32)
+    assert r.reason == "step 0: the maps contain non-finite values"
+    assert len(rows_of(r, "step 2")) == 2
+
+
+def checkpoint_probe(loaded, resumed):
+    E, W = maps()
+    E, W = 0.01 * E, 0.01 * W  # norms below 1
+    return probe_of(("before", (E, W)), ("loaded", loaded(E, W)), ("uninterrupted after step", (E, W)),
+                    ("resumed after step", resumed(E, W)))
+
+
+def test_checkpoint_difference_is_relative_in_units_of_u():
+    r = checks.check_checkpoint(checkpoint_probe(lambda E, W: (E * (1 + 3 * U32), W * (1 - 5 * U32)),
+                                                 lambda E, W: (E, W)), FP32)
+    assert r.verdict == "pass"
+    ratios = [d["ratio"] for d in rows_of(r, "loaded vs saved")]
+    assert ratios == [pytest.approx(3, rel=1e-6), pytest.approx(5, rel=1e-6)]
+    r = checks.check_checkpoint(checkpoint_probe(lambda E, W: (E, W), lambda E, W: (E * (1 + 20 * U32), W)), FP32)
+    assert r.verdict == "fail" and r.reason.startswith("one step after resume: embedding difference")
+
+
+def test_checkpoint_of_zero_maps_is_zero_difference():
+    z = (np.zeros((V, D)), np.zeros((D, V)))
+    p = probe_of(("before", z), ("loaded", z), ("uninterrupted after step", z), ("resumed after step", z))
+    r = checks.check_checkpoint(p, FP32)
+    assert r.verdict == "pass" and [d["ratio"] for d in r.details] == [0.0] * 4
+
+
+def test_checkpoint_non_finite_embedding_fails_and_the_head_is_still_compared():
+    def nan_embedding(E, W):
+        E = E.copy()
+        E[1, 1] = np.nan
+        return E, W
+    r = checks.check_checkpoint(checkpoint_probe(nan_embedding, lambda E, W: (E, W)), FP32)
+    assert r.reason == "loaded vs saved: the embedding is non-finite"
+    assert [d.get("measure") for d in rows_of(r, "loaded vs saved")] == [None, "head difference"]
+
+
+# ---- bad_input -----------------------------------------------------------------------------------------------
+
+ROWS = np.arange(2 * D, dtype=float).reshape(2, D) + 1.0
+
+
+def bad_input_probe(**values):
+    """Cases answered with the given arrays (or refused, for a string)."""
+    rng = np.random.default_rng(3)
+    clean = rng.standard_normal((3, V))
+    cases, arrays = {}, {"rows_0_last": ROWS, "clean_logits": clean}
+    for name, value in values.items():
+        name = name.replace("_", " ").replace("minus", "-")
+        if isinstance(value, str):
+            cases[name] = {"raised": value}
+        else:
+            value = value(clean) if callable(value) else value
+            cases[name] = {"shape": list(np.shape(value))}
+            arrays[f"value:{name}"] = value
+    return Probe(facts=json.loads(json.dumps({"cases": cases})), arrays=arrays)
+
+
+def nan_row(shape, row=1):
+    x = np.ones(shape)
+    x[row] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("value,reason", [
+    (nan_row((2, D)), ""),
+    (nan_row((2, D), row=0), "id V returned finite numbers instead of an error"),  # the bad id's row is finite
+    (np.ones((1, D)), "id V returned finite numbers instead of an error"),
+    (nan_row((1, D), row=0), "id V returned finite numbers instead of an error"),
+    (np.array(1.0), "id V returned finite numbers instead of an error"),
+    (np.array([1.0, np.nan]), "id V returned finite numbers instead of an error"),
+    (nan_row((2, 2, D)), "id V returned finite numbers instead of an error"),
+    (nan_row((3, D)), "id V returned finite numbers instead of an error"),
+    (ROWS.copy(), "id V returned finite numbers instead of an error"),
+])
+def test_bad_input_an_impossible_id_must_give_its_own_row_non_finite(value, reason):
+    r = checks.check_bad_input(bad_input_probe(id_V=value), FP32)
+    assert r.verdict == ("fail" if reason else "pass") and r.reason == (f"id V: {reason}" if reason else "")
+
+
+def test_bad_input_wrapped_negative_id_needs_the_same_rows():
+    r = checks.check_bad_input(bad_input_probe(id_minus1=ROWS.copy()), FP32)
+    assert r.reason == "id -1: id -1 silently returned the embedding of token V-1 (negative index wraps)"
+    three = np.vstack([ROWS, ROWS[:1]])
+    r = checks.check_bad_input(bad_input_probe(id_minus1=three), FP32)
+    assert r.reason == "id -1: id -1 returned finite numbers instead of an error"
+    r = checks.check_bad_input(bad_input_probe(id_minus1=ROWS[1:]), FP32)
+    assert r.reason == "id -1: id -1 returned finite numbers instead of an error"
+    r = checks.check_bad_input(bad_input_probe(float_ids=ROWS.copy()), FP32)
+    assert r.reason == "float ids: float ids returned finite numbers instead of an error"
+
+
+@pytest.mark.parametrize("shape,ok", [((0, D), True), ((0, D - 1), False), ((0, D + 1), False), ((1, D), False)])
+def test_bad_input_empty_batch_shape(shape, ok):
+    r = checks.check_bad_input(bad_input_probe(empty_batch=np.zeros(shape), id_V="IndexError"), FP32)
+    assert r.verdict == ("pass" if ok else "fail")
+    if not ok:
+        assert r.reason == f"empty batch: an empty batch gave shape {shape}, not (0, {D})"
+
+
+def test_bad_input_non_finite_hidden_row_stays_in_its_row():
+    def confined(delta):
+        def f(clean):
+            x = clean * (1 + delta)
+            x[1] = -np.inf
+            return x
+        return f
+    # any other case name is a hidden-row case ("-inf hidden row" sorts before the id cases)
+    r = checks.check_bad_input(bad_input_probe(**{"-inf hidden row": confined(3 * UNIT32)}), FP32)
+    assert r.verdict == "pass"
+    (row,) = r.details
+    assert row["measure"] == "other rows' change" and row["ratio"] == pytest.approx(3, rel=1e-6)
+    r = checks.check_bad_input(bad_input_probe(nan_hidden_row=confined(20 * UNIT32)), FP32)
+    assert r.verdict == "fail" and r.reason.startswith("nan hidden row: other rows' change")
+
+    def spread(row):
+        def f(clean):
+            x = confined(0.0)(clean)
+            x[row] = np.nan
+            return x
+        return f
+    for row in (0, 2):
+        r = checks.check_bad_input(bad_input_probe(nan_hidden_row=spread(row)), FP32)
+        assert r.reason == "nan hidden row: the non-finite hidden row spread to the other rows' logits"
+    for shape in ((4, V), (2, V), (3, V + 1)):
+        r = checks.check_bad_input(bad_input_probe(nan_hidden_row=nan_row(shape)), FP32)
+        assert r.reason == f"nan hidden row: logits of shape {shape}, expected {(3, V)}"
