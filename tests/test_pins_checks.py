@@ -628,3 +628,165 @@ def test_bad_input_non_finite_hidden_row_stays_in_its_row():
     for shape in ((4, V), (2, V), (3, V + 1)):
         r = checks.check_bad_input(bad_input_probe(nan_hidden_row=nan_row(shape)), FP32)
         assert r.reason == f"nan hidden row: logits of shape {shape}, expected {(3, V)}"
+
+
+# ---- scale -----------------------------------------------------------------------------------------------
+# fp32: fmax = (1 - 2^-24) 2^128, tiny = 2^-126, tiny / u = 2^-102. Both probes below are built so that:
+#   safe (in and out well inside the range): c max(|h|, |logits|) <= fmax / 64 and c min|.| >= 2^-102:
+#       max = 1 - 2^-24, min = 2^-14  ->  -88 <= k <= 122, both ends exactly on the boundary
+#   overflow: c max|logits| > fmax or c max|h| > fmax  ->  k >= 129 (k = 128 lands exactly on fmax)
+#   judged (outputs not subnormal): c min|logits| >= 2^-102, min|logits| = 2^-12  ->  k >= -90
+FMAX, TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
+EXPONENTS = [-200, -91, -90, -89, -88, -87, 0, 10, 121, 122, 123, 128, 129, 137, 138, 150]
+TOP = 1 - 2.0**-24
+
+
+def scale_arrays(kind, sign=1.0):
+    """'h': |h| up to 1 - 2^-24 and logits up to 2^-10 (the hidden state overflows first); 'logits': the
+    other way round. Both hold an exact zero, min|h| = 2^-14 (positive; negative ones from 2^-13) and
+    min|logits| = 2^-12 (negative; positive ones from 2^-11.9)."""
+    rng = np.random.default_rng(11)
+    big, small = (0.5, 2.0**-10.1) if kind == "h" else (2.0**-10.1, 0.5)
+    hid = rng.uniform(2.0**-12, big if kind == "h" else 2.0**-10.1, (4, D)) * rng.choice([-1, 1], (4, D))
+    base = rng.uniform(2.0**-11.9, 2.0**-10.1 if kind == "h" else 0.5, (4, V)) * rng.choice([-1, 1], (4, V))
+    hid[0, :4] = [0.0, 2.0**-14, -(2.0**-13), TOP if kind == "h" else 2.0**-10]
+    base[0, :3] = [0.0, -(2.0**-12), 2.0**-10 if kind == "h" else TOP]
+    return sign * hid, sign * base
+
+
+def scale_probe(hid, base, outputs, exponents=EXPONENTS):
+    """outputs(k, c, base) -> an array, or a string: the exception raised."""
+    p = Probe(facts={"max": FMAX, "tiny": TINY, "scaled": []}, arrays={"base": base, "hidden": hid})
+    for k in exponents:
+        out = outputs(k, 2.0**k, base)
+        if isinstance(out, str):
+            p.facts["scaled"].append({"exponent": k, "raised": out})
+        else:
+            p.facts["scaled"].append({"exponent": k})
+            p.arrays[f"scaled:{k}"] = out
+    return p
+
+
+def scale_rows(result):
+    out = {}
+    for d in result.details:
+        out[d["state"]] = (d["verdict"], d["reason"] if "reason" in d else round(d["ratio"], 3))
+    return out
+
+
+def safe(k):
+    return -88 <= k <= 122
+
+
+def overflow(k):
+    return k >= 129
+
+
+def judged(k):
+    return k >= -90
+
+
+SCALE_CASES = [(kind, sign) for kind in ("h", "logits") for sign in (1.0, -1.0)]
+
+
+@pytest.mark.parametrize("kind,sign", SCALE_CASES)
+def test_scale_exact_scaling_is_measured_where_resolvable_and_overflow_shows(kind, sign):
+    hid, base = scale_arrays(kind, sign)
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: c * b * (1 + 2 * UNIT32)), FP32)
+    expected = {}
+    for k in EXPONENTS:
+        if overflow(k):
+            expected[f"c = 2^{k}"] = ("pass", "overflow shows")
+        elif judged(k):
+            expected[f"c = 2^{k}"] = ("pass", 2.0)
+    assert scale_rows(r) == expected
+    assert r.verdict == "pass"
+
+
+@pytest.mark.parametrize("kind,sign", SCALE_CASES)
+def test_scale_refusal_is_a_failure_only_where_input_and_output_are_safe(kind, sign):
+    hid, base = scale_arrays(kind, sign)
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: "OverflowError: no"), FP32)
+    expected = {f"c = 2^{k}": ("fail", "raised for a representable input and output: OverflowError: no") if safe(k)
+                else ("pass", "refused: OverflowError: no") for k in EXPONENTS}
+    assert scale_rows(r) == expected
+
+
+@pytest.mark.parametrize("kind,sign", SCALE_CASES)
+def test_scale_non_finite_output_is_a_failure_only_where_safe(kind, sign):
+    hid, base = scale_arrays(kind, sign)
+    bmax = np.abs(base).max()
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: np.full_like(b, np.nan)), FP32)
+    expected = {}
+    for k in EXPONENTS:
+        if safe(k) and not overflow(k):
+            expected[f"c = 2^{k}"] = ("fail", f"non-finite logits although c logits(h) is at most {2.0**k * bmax:.3g}")
+        else:
+            expected[f"c = 2^{k}"] = ("pass", "overflow shows")
+    assert scale_rows(r) == expected
+
+
+@pytest.mark.parametrize("kind,sign", SCALE_CASES)
+def test_scale_finite_wrong_numbers_fail_wherever_judged_or_overflowing(kind, sign):
+    hid, base = scale_arrays(kind, sign)
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: np.zeros_like(b)), FP32)
+    expected = {}
+    for k in EXPONENTS:
+        if overflow(k):
+            expected[f"c = 2^{k}"] = ("fail", "the logits overflow the dtype, yet finite numbers came back")
+        elif judged(k):
+            expected[f"c = 2^{k}"] = ("fail", round(1 / UNIT32, 3))
+    assert scale_rows(r) == expected
+
+
+def test_scale_overflow_tolerance_is_relative_tau_units():
+    hid, base = scale_arrays("h")
+    for delta, verdict in ((10 * UNIT32, "pass"), (20 * UNIT32, "fail")):
+        r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: c * b * (1 + delta), [129, 150]), FP32)
+        assert r.verdict == verdict
+
+
+def test_scale_overflow_of_the_hidden_state_with_small_logits():
+    # logits of order 2^-2 at c = 2^129: the hidden state overflows, and a finite zero is still wrong
+    hid, base = scale_arrays("h")
+    base = base * 2.0**-121
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: np.zeros_like(b), [129]), FP32)
+    assert r.verdict == "fail" and "finite numbers came back" in r.reason
+
+
+def test_scale_a_refusal_does_not_end_the_check():
+    hid, base = scale_arrays("h")
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: "E" if k == -200 else np.zeros_like(b)), FP32)
+    assert r.verdict == "fail" and r.reason.startswith("c = 2^-90: relative error")
+
+
+def test_scale_safe_range_is_fmax_over_64():
+    # max |h| = 1.01: c = 2^121 is safe, 2^122 is not (1.01 2^122 > fmax / 64, though below fmax / 63)
+    hid, base = scale_arrays("h")
+    hid[0, 3] = 1.01
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: "E", [121, 122]), FP32)
+    assert scale_rows(r) == {"c = 2^121": ("fail", "raised for a representable input and output: E"),
+                             "c = 2^122": ("pass", "refused: E")}
+
+
+@pytest.mark.parametrize("value", [1.0, -1.0])
+def test_scale_constant_logits_are_measured(value):
+    hid, _ = scale_arrays("h")
+    base = np.full((4, V), value)
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: c * b * (1 + 2 * UNIT32), [0]), FP32)
+    assert scale_rows(r) == {"c = 2^0": ("pass", 2.0)}
+
+
+def test_scale_all_zero_logits_measure_nothing():
+    hid, _ = scale_arrays("h")
+    base = np.zeros((4, V))
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: np.zeros_like(b), [0]), FP32)
+    assert r.verdict == "inconclusive" and r.reason == "nothing could be measured"
+
+
+def test_scale_non_finite_base_fails_at_once():
+    hid, base = scale_arrays("h")
+    base[1, 1] = np.inf
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: c * b), FP32)
+    assert r.verdict == "fail" and r.reason == "c = 1: logits of an ordinary hidden state are non-finite"
+    assert len(r.details) == 1
