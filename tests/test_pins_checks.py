@@ -249,8 +249,10 @@ def test_contract_fails_more_than_half_exact_narrow_values_with_the_percentage()
 
 def batched_probe(rows_delta=0.0, logits_delta=0.0, states=3, zero=False, **overrides):
     """Three states (the batched maps come from the last); rows and logits off by known relative errors."""
-    p = probe_of(*[(f"s{k}", maps(seed=k)) for k in range(states)])
+    # T scaled by 100 (still an exact pair): ||E[ids]|| and ||H|| ||W|| below 1, so the norms are what divides
+    p = probe_of(*[(f"s{k}", (maps(seed=k)[0] / 100, maps(seed=k)[1] * 100)) for k in range(states)])
     E, W = maps(seed=states - 1)
+    E, W = E / 100, W * 100
     if zero:
         E = np.zeros_like(E)
         p.arrays[f"E:s{states - 1}"] = E
@@ -258,7 +260,7 @@ def batched_probe(rows_delta=0.0, logits_delta=0.0, states=3, zero=False, **over
     arrays = {}
     for suffix, ids_shape in (("", (4,)), ("_grid", (2, 3))):
         ids = rng.integers(0, V, ids_shape)
-        H = 0.01 * rng.standard_normal(ids_shape + (D,)) * (0 if zero else 1)
+        H = 1e-4 * rng.standard_normal(ids_shape + (D,)) * (0 if zero else 1)
         g = E[ids]
         rows = g + rows_delta * np.linalg.norm(g) * (P := rng.standard_normal(g.shape)) / np.linalg.norm(P)
         lg = H @ W
@@ -790,3 +792,16 @@ def test_scale_non_finite_base_fails_at_once():
     r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: c * b), FP32)
     assert r.verdict == "fail" and r.reason == "c = 1: logits of an ordinary hidden state are non-finite"
     assert len(r.details) == 1
+
+
+def test_reference_fails_a_head_whose_gram_has_a_negative_rounded_eigenvalue():
+    # two equal rows of W: W W^T is singular, and eigh's smallest eigenvalue may come out as -1e-16
+    for seed in range(200):
+        W = np.random.default_rng(seed).standard_normal((D, V))
+        W[D - 1] = W[D - 2]
+        if np.linalg.eigh(W @ W.T)[0][0] < 0:
+            break
+    else:
+        pytest.skip("no negative rounded eigenvalue on this platform")
+    r = checks.check_reference(probe_of(("a", (W.T.copy(), W))), FP32)
+    assert r.reason == "a: the head W = T Z^T is rank deficient: T is singular"
