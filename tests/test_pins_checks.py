@@ -805,3 +805,11 @@ def test_reference_fails_a_head_whose_gram_has_a_negative_rounded_eigenvalue():
         pytest.skip("no negative rounded eigenvalue on this platform")
     r = checks.check_reference(probe_of(("a", (W.T.copy(), W))), FP32)
     assert r.reason == "a: the head W = T Z^T is rank deficient: T is singular"
+
+
+def test_conditioning_ladder_top_rung_exactly_at_the_limit():
+    # here 16 unit(2e4) is exactly RESOLVABLE = 0.1 (in floating point): the rung 2e4 is resolvable and kept
+    # (the limit is the quotient RESOLVABLE / (TAU unit), not its floor division, which gives 19999)
+    ctx = Context("float32", 2.528953552246094e-07, V, 1)
+    assert 16 * ctx.unit(2e4) == 0.1 and 0.1 / (16 * ctx.unit(1.0)) == 2e4
+    assert checks.conditioning_ladder(ctx) == [1e2, 1e4, 2e4]
