@@ -7,6 +7,7 @@ The numpy backend is the float64 reference; the torch backend runs any policy on
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,20 @@ class StepSettings:
 
 class StateBreakdown(Exception):
     """The stored model can no longer compute (non-finite entries, L singular): the run cannot go on."""
+
+
+@functools.lru_cache(maxsize=None)
+def overflow_threshold(format_name: str) -> float | None:
+    """The smallest float64 magnitude that rounds to infinity in this format (RNE: the largest finite
+    value plus half its spacing), checked against round_to itself; None where that rule does not apply."""
+    fmt = FORMATS[format_name]
+    if not fmt.has_inf or fmt.max_finite is not None:
+        return None
+    with np.errstate(over="ignore"):
+        threshold = np.float64(fmt.max) + np.float64(2.0) ** (fmt.emax - fmt.p)
+    below = np.nextafter(threshold, 0.0)
+    rounds = round_to(np.array([threshold, below]), fmt)
+    return float(threshold) if not np.isfinite(rounds[0]) and np.isfinite(rounds[1]) else None
 
 
 def resolve_device(device: str) -> str:
@@ -217,8 +232,13 @@ class Engine:
         p = self.policy
         scaled = G * self.loss_scale if p.loss_scaling else G
         # an entry overflows exactly when the largest magnitude rounds to infinity in that format
-        peak = round_to(np.array([np.abs(scaled).max(initial=0.0)]), FORMATS[p.gradient])[0]
-        return self._to(scaled, p.gradient), bool(np.isfinite(peak))
+        peak = np.abs(scaled).max(initial=0.0)
+        threshold = overflow_threshold(p.gradient)
+        if threshold is None:
+            fits = bool(np.isfinite(round_to(np.array([peak]), FORMATS[p.gradient])[0]))
+        else:
+            fits = bool(peak < threshold)
+        return self._to(scaled, p.gradient), fits
 
     def gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
         """This step's gradients from the named models, evaluated at the stored model (the attached
