@@ -459,6 +459,7 @@ def test_gradients_small_derivatives_are_relative():
     fd = ad * (1 + 1e-3)
     r = checks.check_gradients(grad_probe(autograd=ad, finite_difference=fd, fd_at_step=fd, fd_at_half_step=fd,
                                           loss_scale=1e-3), FP32)
+    assert r.details[0]["raw"] == pytest.approx(1e-3 * ad / fd, rel=1e-9)  # relative to the derivative, not to 1
     assert r.details[0]["ratio"] == pytest.approx(1e-3 * ad / (U32 ** (2 / 3) * 1e-3), rel=1e-9)
     assert r.verdict == "fail"
 
@@ -611,7 +612,8 @@ def test_bad_input_non_finite_hidden_row_stays_in_its_row():
             return x
         return f
     # any other case name is a hidden-row case ("-inf hidden row" sorts before the id cases)
-    r = checks.check_bad_input(bad_input_probe(**{"-inf hidden row": confined(3 * UNIT32)}), FP32)
+    # the other rows a relative 3 u below their clean values
+    r = checks.check_bad_input(bad_input_probe(**{"-inf hidden row": confined(-3 * UNIT32)}), FP32)
     assert r.verdict == "pass"
     (row,) = r.details
     assert row["measure"] == "other rows' change" and row["ratio"] == pytest.approx(3, rel=1e-6)
@@ -754,6 +756,9 @@ def test_scale_overflow_of_the_hidden_state_with_small_logits():
     base = base * 2.0**-121
     r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: np.zeros_like(b), [129]), FP32)
     assert r.verdict == "fail" and "finite numbers came back" in r.reason
+    # while numbers within TAU u of c logits(h), however small, are the right ones
+    r = checks.check_scale(scale_probe(hid, base, lambda k, c, b: c * b * (1 + 2 * UNIT32), [129]), FP32)
+    assert scale_rows(r) == {"c = 2^129": ("pass", "overflow shows")}
 
 
 def test_scale_a_refusal_does_not_end_the_check():
@@ -813,3 +818,12 @@ def test_conditioning_ladder_top_rung_exactly_at_the_limit():
     ctx = Context("float32", 2.528953552246094e-07, V, 1)
     assert 16 * ctx.unit(2e4) == 0.1 and 0.1 / (16 * ctx.unit(1.0)) == 2e4
     assert checks.conditioning_ladder(ctx) == [1e2, 1e4, 2e4]
+
+
+def test_conditioning_attack_state_exactly_at_the_resolvable_limit_is_judged():
+    # 16 unit(2e4) == RESOLVABLE exactly in this context, and the pair's cond(T) is exactly 2e4
+    ctx = Context("float32", 2.528953552246094e-07, V, 1)
+    pair = diagonal_pair([2e4, 1.0])
+    assert checks.interface(*pair)["cond_T"] == 2e4 and 16 * ctx.unit(2e4) == 0.1
+    r = checks.check_conditioning(probe_of(("zeroed L", pair, {"attack": "L"})), ctx)
+    assert [d.get("measure", "")[:15] for d in rows_of(r, "zeroed L")] == ["penrose residua", "||W E - I||_F /"]
