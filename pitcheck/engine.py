@@ -7,14 +7,13 @@ The numpy backend is the float64 reference; the torch backend runs any policy on
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from .arrays import NumpyOps, TorchOps
 from .errors import PitcheckError
-from .formats import FORMATS, round_to
+from .formats import FORMATS, overflow_threshold, round_to
 from .gradients import gradient
 from .metrics import (cholesky_conditioning, head_metrics, interface_metrics, measure_guarded, orthonormality_loss,
                       orthonormality_ratio, sample_ids, trisolve_errors)
@@ -54,20 +53,6 @@ class StepSettings:
 
 class StateBreakdown(Exception):
     """The stored model can no longer compute (non-finite entries, L singular): the run cannot go on."""
-
-
-@functools.lru_cache(maxsize=None)
-def overflow_threshold(format_name: str) -> float | None:
-    """The smallest float64 magnitude that rounds to infinity in this format (RNE: the largest finite
-    value plus half its spacing), checked against round_to itself; None where that rule does not apply."""
-    fmt = FORMATS[format_name]
-    if not fmt.has_inf or fmt.max_finite is not None:
-        return None
-    with np.errstate(over="ignore"):
-        threshold = np.float64(fmt.max) + np.float64(2.0) ** (fmt.emax - fmt.p)
-    below = np.nextafter(threshold, 0.0)
-    rounds = round_to(np.array([threshold, below]), fmt)
-    return float(threshold) if not np.isfinite(rounds[0]) and np.isfinite(rounds[1]) else None
 
 
 def resolve_device(device: str) -> str:

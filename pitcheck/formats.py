@@ -5,6 +5,7 @@ significand and rounding there, so each result is one correct rounding of the in
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,3 +119,17 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
     y = where(overflow, big, y)
     # infinities pass through, except into a format that has none (as ml_dtypes does)
     return where(finite, y, x if fmt.has_inf else full_like(x, float("nan")))
+
+
+@functools.lru_cache(maxsize=None)
+def overflow_threshold(format_name: str) -> float | None:
+    """The smallest float64 magnitude that rounds to infinity in this format (RNE: the largest finite
+    value plus half its spacing), checked against round_to itself; None where that rule does not apply."""
+    fmt = FORMATS[format_name]
+    if not fmt.has_inf or fmt.max_finite is not None:
+        return None
+    with np.errstate(over="ignore"):
+        threshold = np.float64(fmt.max) + np.float64(2.0) ** (fmt.emax - fmt.p)
+    below = np.nextafter(threshold, 0.0)
+    rounds = round_to(np.array([threshold, below]), fmt)
+    return float(threshold) if not np.isfinite(rounds[0]) and np.isfinite(rounds[1]) else None
