@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pitcheck.errors import PitcheckError
-from pitcheck.formats import FORMATS, Format, get_format, round_to
+from pitcheck.formats import FORMATS, Format, get_format, overflow_threshold, round_to
 from pitcheck.policy import POLICIES, get_policy
 
 P = {"fp64": 53, "fp32": 24, "tf32": 11, "fp16": 11, "bf16": 8, "fp8-e4m3": 4, "fp8-e5m2": 3}
@@ -126,3 +126,25 @@ def test_stochastic_mode_is_compared_by_value():
     mode = "".join(["stoch", "astic"])  # equal to "stochastic", not the same object
     got = round_to(np.full(4000, 1 + 2.0**-12), "fp16", mode=mode, rng=np.random.default_rng(1))
     assert (got > 1).any() and (got == 1).any()
+
+
+def test_overflow_threshold_is_where_round_to_overflows():
+    """The engine's gradient overflow test: |g| >= threshold exactly when round_to gives inf. Every
+    format with an IEEE infinity has one (no silent fall-back to rounding each peak)."""
+    rng = np.random.default_rng(0)
+    for name, fmt in FORMATS.items():
+        t = overflow_threshold(name)
+        if not fmt.has_inf or fmt.max_finite is not None:
+            assert t is None, name
+            continue
+        assert t is not None, name
+        if np.isinf(t):
+            assert name == "fp64"  # a finite float64 gradient never overflows
+            continue
+        probes = np.concatenate([[t, np.nextafter(t, 0), np.nextafter(t, np.inf), fmt.max],
+                                 t * np.exp(rng.uniform(-0.01, 0.01, 200))])
+        np.testing.assert_array_equal(~np.isfinite(round_to(probes, fmt)), probes >= t, err_msg=name)
+    # the largest finite value plus half its spacing
+    assert overflow_threshold("fp16") == 65504 + 16
+    assert overflow_threshold("bf16") == (2 - 2.0**-8) * 2.0**127
+    assert overflow_threshold("fp32") == (2 - 2.0**-24) * 2.0**127
