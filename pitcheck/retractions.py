@@ -63,8 +63,12 @@ def retract_polar_gram(Z, xi, ops=None):
     ops = ops or ops_for(Z)
     Y = Z + xi
     w, Q = ops.eigh(_sym(ops.matmul(Y.T, Y)))
-    if not float(w.min()) > 0:
-        raise RetractionError("polar-gram: Gram matrix of Z + xi is singular to working precision")
+    # eigh's eigenvalues are accurate to about u ||G|| each: one below D u ||G|| is indistinguishable from
+    # zero (or rounded negative), and its inverse square root would amplify rounding error alone
+    w_min, w_max = float(w.min()), float(w.max())
+    if not w_min > Y.shape[1] * ops.unit_roundoff(w) * w_max:
+        raise RetractionError(f"polar-gram: Gram matrix of Z + xi is singular to working precision "
+                              f"(eigenvalues {w_min:.3g} .. {w_max:.3g})")
     return ops.matmul(Y, ops.matmul(Q / ops.sqrt(w), Q.T))
 
 

@@ -571,12 +571,12 @@ def nan_row(shape, row=1):
 @pytest.mark.parametrize("value,reason", [
     (nan_row((2, D)), ""),
     (nan_row((2, D), row=0), "id V returned finite numbers instead of an error"),  # the bad id's row is finite
-    (np.ones((1, D)), "id V returned finite numbers instead of an error"),
-    (nan_row((1, D), row=0), "id V returned finite numbers instead of an error"),
-    (np.array(1.0), "id V returned finite numbers instead of an error"),
-    (np.array([1.0, np.nan]), "id V returned finite numbers instead of an error"),
-    (nan_row((2, 2, D)), "id V returned finite numbers instead of an error"),
-    (nan_row((3, D)), "id V returned finite numbers instead of an error"),
+    (np.ones((1, D)), "id V returned an array of shape (1, 8) instead of an error (a batch of 2 ids should give 2 rows)"),
+    (nan_row((1, D), row=0), "id V returned an array of shape (1, 8) instead of an error (a batch of 2 ids should give 2 rows)"),
+    (np.array(1.0), "id V returned an array of shape () instead of an error (a batch of 2 ids should give 2 rows)"),
+    (np.array([1.0, np.nan]), "id V returned an array of shape (2,) instead of an error (a batch of 2 ids should give 2 rows)"),
+    (nan_row((2, 2, D)), "id V returned an array of shape (2, 2, 8) instead of an error (a batch of 2 ids should give 2 rows)"),
+    (nan_row((3, D)), "id V returned an array of shape (3, 8) instead of an error (a batch of 2 ids should give 2 rows)"),
     (ROWS.copy(), "id V returned finite numbers instead of an error"),
 ])
 def test_bad_input_an_impossible_id_must_give_its_own_row_non_finite(value, reason):
@@ -589,9 +589,9 @@ def test_bad_input_wrapped_negative_id_needs_the_same_rows():
     assert r.reason == "id -1: id -1 silently returned the embedding of token V-1 (negative index wraps)"
     three = np.vstack([ROWS, ROWS[:1]])
     r = checks.check_bad_input(bad_input_probe(id_minus1=three), FP32)
-    assert r.reason == "id -1: id -1 returned finite numbers instead of an error"
+    assert r.reason == f"id -1: id -1 returned an array of shape (3, {D}) instead of an error (a batch of 2 ids should give 2 rows)"
     r = checks.check_bad_input(bad_input_probe(id_minus1=ROWS[1:]), FP32)
-    assert r.reason == "id -1: id -1 returned finite numbers instead of an error"
+    assert r.reason == f"id -1: id -1 returned an array of shape (1, {D}) instead of an error (a batch of 2 ids should give 2 rows)"
     r = checks.check_bad_input(bad_input_probe(float_ids=ROWS.copy()), FP32)
     assert r.reason == "float ids: float ids returned finite numbers instead of an error"
 
@@ -827,3 +827,17 @@ def test_conditioning_attack_state_exactly_at_the_resolvable_limit_is_judged():
     assert checks.interface(*pair)["cond_T"] == 2e4 and 16 * ctx.unit(2e4) == 0.1
     r = checks.check_conditioning(probe_of(("zeroed L", pair, {"attack": "L"})), ctx)
     assert [d.get("measure", "")[:15] for d in rows_of(r, "zeroed L")] == ["penrose residua", "||W E - I||_F /"]
+
+
+def test_scale_safe_range_ends_at_fmax_over_64_not_below_it():
+    """fp16: fmax / 64 = 65504 / 64 = 1023.5. A refusal at max(|h|) = 1023.25 (inside the safe range) is a
+    failure; at 1024 (outside it) a refusal is allowed. Pins the exact boundary, fractional part included."""
+    fp16 = Context("float16", 2.0**-11, V, D)
+    tiny = 2.0**-14
+    for top, verdict in ((1023.25, "fail"), (1024.0, "pass")):
+        hid = np.full((2, D), 0.5)
+        hid[0, 0] = top
+        base = np.full((2, V), 0.75)
+        p = Probe(facts={"max": 65504.0, "tiny": tiny, "scaled": [{"exponent": 0, "raised": "OverflowError: no"}]},
+                  arrays={"base": base, "hidden": hid})
+        assert checks.check_scale(p, fp16).verdict == verdict

@@ -122,6 +122,28 @@ def test_polar_gram_refuses_a_singular_gram_matrix():
         R.retract_polar_gram(Y, 0 * Y)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", range(6))
+def test_polar_gram_refuses_a_gram_matrix_singular_only_to_rounding(seed, dtype):
+    """Two equal columns: the Gram's zero eigenvalue comes out of eigh as +-(a few u) ||G||, rounded
+    either way; neither sign may reach the inverse square root (a negative one gives NaN, a positive one
+    amplifies rounding error to O(1) in the result)."""
+    Y = np.random.default_rng(seed).standard_normal((40, 4))
+    Y[:, 3] = Y[:, 1]
+    for Yb in (Y, torch.from_numpy(Y).to(dtype)):
+        with pytest.raises(R.RetractionError, match="singular to working precision"):
+            R.retract_polar_gram(Yb, 0 * Yb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_polar_gram_accepts_an_ill_conditioned_but_resolved_gram_matrix(dtype):
+    """cond(G) = 1e3 is far from singular in either precision: the exact polar factor comes back."""
+    Z, xi, expected = _known_polar(V=9, s=(1.0, 10**-1.5))
+    Y = torch.from_numpy(Z + xi).to(dtype)
+    out = R.retract_polar_gram(Y, 0 * Y).double().numpy()
+    assert np.abs(out - expected).max() < 1e3 * float(torch.finfo(dtype).eps)
+
+
 # ---- QR family -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2"])

@@ -389,11 +389,15 @@ def check_bad_input(probe: Probe, ctx: Context) -> CheckResult:
             else:
                 v.fail(name, f"an empty batch gave shape {tuple(value.shape)}, not (0, {ctx.dim})")
         elif name.startswith("id ") or name == "float ids":
-            bad = value[1] if value.ndim == 2 and value.shape[0] == 2 else value
-            if value.ndim == 2 and value.shape[0] == 2 and not np.isfinite(bad).all():
+            # the probe embeds [a valid id, the bad one]: a (2, D) result is expected, its second row non-finite
+            two_rows = value.ndim == 2 and value.shape[0] == 2
+            if two_rows and not np.isfinite(value[1]).all():
                 v.result.details.append({"state": name, "verdict": "pass", "reason": "non-finite row"})
             elif name == "id -1" and value.shape == rows.shape and np.array_equal(value[1], rows[1]):
                 v.fail(name, "id -1 silently returned the embedding of token V-1 (negative index wraps)")
+            elif not two_rows:
+                v.fail(name, f"{name} returned an array of shape {tuple(value.shape)} instead of an error "
+                             f"(a batch of 2 ids should give 2 rows)")
             else:
                 v.fail(name, f"{name} returned finite numbers instead of an error")
         else:  # a non-finite hidden row: its logits non-finite, the others untouched
