@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from .trajectory import RunBreakdown
+    from .trajectory import RunBreakdown, skipped_steps
 
     args = build_parser().parse_args(argv)
     if args.command != "plot":  # every other verb computes with torch
@@ -206,9 +206,17 @@ def _main(argv: list[str] | None) -> int:
             rows = run(cfg, args.out, resume=args.resume, progress=progress, force=args.force)
             last = rows[-1]
             losses = "".join(f"{k} {last[k]:.4f}  " for k in ("train_loss", "heldout_loss") if k in last)
+            skipped = skipped_steps(args.out)
+            skips = f"{sum(skipped.values())} of {last['step']} steps skipped (events.jsonl)  " if skipped else ""
             print(f"step {last['step']}: orthonormality {last['orthonormality']:.3e}  "
                   f"pinv_drift {last['pinv_drift']:.3e}  cond_T {last['cond_T']:.3e}  "
-                  f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  {losses}-> {args.out}")
+                  f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  {losses}{skips}-> {args.out}")
+            if last["step"] > 0 and sum(skipped.values()) >= last["step"]:
+                # every step was refused: the numbers above are the starting state's, not a run's result
+                kinds = ", ".join(f"{n} {name}" for name, n in sorted(skipped.items()))
+                print(f"pitcheck: breakdown: none of the {last['step']} steps was applied ({kinds}); the state "
+                      "is still the initial one", file=sys.stderr)
+                return 1
         elif args.command == "compare":
             from .sweep import main_compare
 

@@ -801,6 +801,15 @@ def _advance_source(engine, skipped: bool) -> None:
         engine.source.discard() if skipped else engine.source.advance()
 
 
+def skipped_steps(out: Path | str) -> dict[str, int]:
+    """How many steps of the run in `out` were skipped, by the event that skipped them."""
+    counts: dict[str, int] = {}
+    for e in read_events(Path(out) / EVENTS):
+        if "step skipped" in str(e.get("action", "")):
+            counts[e["event"]] = counts.get(e["event"], 0) + 1
+    return counts
+
+
 def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
         force: bool = False) -> list[dict]:
     """Run (or resume) a trajectory; returns the metric rows, also written to out/metrics.csv.

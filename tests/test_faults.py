@@ -15,7 +15,7 @@ import pytest
 
 from pitcheck import PitcheckError, cli, rundir
 from pitcheck.rundir import npz_bytes
-from pitcheck.trajectory import METRIC_COLUMNS, RunConfig, read_events, read_metrics, run
+from pitcheck.trajectory import METRIC_COLUMNS, RunConfig, read_events, read_metrics, run, skipped_steps
 
 TINY = ["--vocab", "64", "--dim", "4", "--steps", "20", "--adversary", "gaussian,nonfinite", "--no-progress"]
 CLI = "import sys; from pitcheck.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -260,6 +260,23 @@ def test_huge_lr_breaks_down_cleanly_and_stays_broken(tmp_path, capsys):
     before = files_of(d)
     fails(capsys, argv[:-2] + ["--resume", "--out", str(d)], "broke down at step 1", code=1)
     assert files_of(d) == before
+
+
+def test_a_run_that_applied_none_of_its_steps_is_a_breakdown(tmp_path, capsys):
+    # fp16 at V=64, D=8 with lr 1e6: every update overflows the stored state, so every step is skipped;
+    # the final numbers are the starting state's and must not pass for a run's result (exit 0)
+    d = tmp_path / "run"
+    argv = ["run", "--backend", "torch", "--precision", "fp16", "--vocab", "64", "--dim", "8", "--steps", "20",
+            "--adversary", "gaussian", "--lr", "1e6", "--no-progress", "--out", str(d)]
+    fails(capsys, argv, "none of the 20 steps was applied (20 nonfinite_state)", code=1)
+    assert sum(skipped_steps(d).values()) == 20
+
+
+def test_a_run_that_skipped_some_steps_says_how_many(tmp_path, capsys):
+    d = tmp_path / "run"
+    assert cli.main(["run", *TINY, "--out", str(d)]) == 0
+    n = sum(skipped_steps(d).values())
+    assert 0 < n < 20 and f"{n} of 20 steps skipped (events.jsonl)" in capsys.readouterr().out
 
 
 def test_the_shadow_skips_the_steps_the_model_skips(tmp_path):

@@ -444,6 +444,17 @@ def test_gradients_ratio_in_units_of_u_fd_to_the_two_thirds():
     assert r.details[0]["ratio"] == pytest.approx(1e-6 / fd / (U32 ** (2 / 3) * ad / fd), rel=1e-9)
 
 
+def test_gradients_unresolvable_differences_name_the_precision_that_limits_them():
+    # differences taken in bfloat16 (a parameter stored in bfloat16) under a float32 request: the unit
+    # u_bf16^(2/3) puts the threshold above 0.1, and the reason names bfloat16, not the dtype under test
+    r = checks.check_gradients(grad_probe(autograd=1.0, finite_difference=1.0, fd_at_step=1.0, fd_at_half_step=1.0,
+                                          fd_dtype="bfloat16", loss_scale=1.0), FP32)
+    threshold = checks.TAU * UBF ** (2 / 3)
+    assert r.verdict == "inconclusive"
+    assert r.reason == ("autograd vs finite differences (bfloat16): bfloat16 cannot resolve directional derivative "
+                        f"error (threshold {threshold:.2g})")
+
+
 def test_gradients_unit_is_the_measured_noise_when_larger():
     ad = 2.0
     r = checks.check_gradients(grad_probe(autograd=ad, finite_difference=ad + 0.02, fd_at_step=ad + 0.02,

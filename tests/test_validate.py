@@ -66,6 +66,14 @@ def test_reference_module_passes_its_own_validator(dtype):
         assert [c.verdict for c in result.checks] == ["pass"] * len(result.checks), result.table()
 
 
+def test_a_bfloat16_parameter_in_the_float64_build_limits_the_finite_differences():
+    # broken_bf16_storage keeps Z in bfloat16 whatever it is asked; under a bfloat16 request its autograd is
+    # right, but differences shifted onto a bfloat16 Z cannot check it: inconclusive, not a false failure
+    result = run_zoo("broken_bf16_storage", "bfloat16", checks=["gradients"])
+    check = result.by_name()["gradients"]
+    assert check.verdict == "inconclusive" and "bfloat16 cannot resolve" in check.reason, result.table()
+
+
 def test_float32_solves_under_a_float64_request_fail_the_contract():
     result = run_zoo("broken_fp32_solves", "float64", checks=["contract"])
     assert result.failed() == ["contract"] and "float32" in result.by_name()["contract"].reason

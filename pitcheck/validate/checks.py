@@ -117,8 +117,9 @@ class Verdicts:
         self.failures: list[str] = []
         self.unresolved: list[str] = []
 
-    def ratio(self, label: str, value: float, scale: float, what: str, **row) -> None:
-        """Judge `value` against TAU * scale; scale is what a correct implementation may commit (its unit)."""
+    def ratio(self, label: str, value: float, scale: float, what: str, precision: str | None = None, **row) -> None:
+        """Judge `value` against TAU * scale; scale is what a correct implementation may commit (its unit).
+        `precision` names what limits the measurement where that is not the dtype under test."""
         r = value / scale if scale > 0 else math.inf
         row.update({"state": label, "measure": what, "raw": value, "ratio": r, "threshold": TAU})
         if not math.isfinite(scale):
@@ -127,7 +128,8 @@ class Verdicts:
             self.failures.append(f"{label}: the maps are rank deficient (cond(T) infinite), so {what} is undefined")
         elif TAU * scale > RESOLVABLE:
             row["verdict"] = "inconclusive"
-            self.unresolved.append(f"{label}: {self.ctx.dtype} cannot resolve {what} (threshold {TAU * scale:.2g})")
+            self.unresolved.append(f"{label}: {precision or self.ctx.dtype} cannot resolve {what} "
+                                   f"(threshold {TAU * scale:.2g})")
         elif not r <= TAU:
             row["verdict"] = "fail"
             self.failures.append(f"{label}: {what} {value:.3g} is {r:.3g} x its unit (threshold {TAU:g})")
@@ -327,7 +329,8 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
     # the loss's magnitude bounds the cancellation in the differences
     fd_unit = max(u_fd ** (2.0 / 3.0) * max(f["loss_scale"], abs(ad)) / scale, noise)
     v.ratio(f"autograd vs finite differences ({f['fd_dtype']})", abs(ad - fd) / scale, fd_unit,
-            "directional derivative error", autograd=ad, finite_difference=fd, fd_noise=noise)
+            "directional derivative error", precision=f["fd_dtype"], autograd=ad, finite_difference=fd,
+            fd_noise=noise)
     if "autograd_under_test" in f:
         test = f["autograd_under_test"]
         v.ratio(f"{ctx.dtype} vs {f['fd_dtype']} autograd", abs(test - ad) / max(abs(ad), 1e-300),

@@ -315,13 +315,17 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
     for p in params:
         d = torch.randn(p.shape, generator=g, dtype=torch.float64)
         direction.append(d / max(float(d.norm()), 1e-300) * max(float(p.detach().double().norm()), 1.0) * 1e-1)
-    out.facts["fd_dtype"] = str(work.dtype).replace("torch.", "")
+    # the differences resolve no finer than the coarsest parameter they shift: a build asked for float64
+    # that keeps a bfloat16 parameter rounds every shift to bfloat16
+    fd_dtype = max([work.dtype] + [p.dtype for p in params if p.is_floating_point()],
+                   key=lambda dt: torch.finfo(dt).eps)
+    out.facts["fd_dtype"] = str(fd_dtype).replace("torch.", "")
     out.facts["parameters"] = len(params)
     if not params:
         return out
     ad = _directional(work, loss_of(work), direction)
     fd = {}
-    u = float(torch.finfo(work.dtype).eps) / 2
+    u = float(torch.finfo(fd_dtype).eps) / 2
     snapshot = {k: v.detach().clone() for k, v in work.module.state_dict().items()}
     for step in (u ** (1 / 3), 0.5 * u ** (1 / 3)):
         with torch.no_grad():
