@@ -612,6 +612,17 @@ def wrong_value_cases(ws: Workspace) -> list[Row]:
     rows.append(event_row(group, "L degenerates in fp16 (penrose NaN without event)",
                           "pitcheck run $FP16 " + " ".join(args), proc, out))
 
+    # found by this script: at V=64, D=8 every update overflows the fp16 state, so every step is skipped
+    out = ws.fresh("all-skipped") / "run"
+    proc = cli(["run", *FP16_TORCH, *args, "--vocab", "64", "--dim", "8", "--out", str(out)], out.parent)
+
+    def says_none_applied() -> list[str]:
+        return [] if "none of the 20 steps was applied" in proc.err else ["no message that no step was applied"]
+
+    rows.append(event_row(group, "every step skipped (fp16 state overflows at V=64, D=8): not a result",
+                          "pitcheck run $FP16 --vocab 64 --dim 8 " + " ".join(args), proc, out, statuses=(1,),
+                          extra=says_none_applied))
+
     out = ws.fresh("shadow-skips") / "run"
     args = ["--steps", "40", "--optimizer", "adam", "--adversary", "gaussian,spike,nonfinite"]
     proc = cli(["run", *FP16_TORCH, *args, "--out", str(out)], out.parent)
