@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,17 @@ def test_a_bfloat16_parameter_in_the_float64_build_limits_the_finite_differences
     result = run_zoo("broken_bf16_storage", "bfloat16", checks=["gradients"])
     check = result.by_name()["gradients"]
     assert check.verdict == "inconclusive" and "bfloat16 cannot resolve" in check.reason, result.table()
+
+
+def test_pitcheck_validate_is_callable_after_a_bare_import():
+    code = ("import sys, pitcheck\n"
+            "assert 'torch' not in sys.modules\n"
+            "ok = pitcheck.validate('tests.zoo.correct_cayley:make', 'float32', vocab=64, dim=4, checks=['penrose'])\n"
+            "bad = pitcheck.validate('tests.zoo.broken_one_solve:make', 'float32', vocab=64, dim=4, checks=['penrose'])\n"
+            "print(ok.exit_status, bad.exit_status, bad.failed())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip() == "0 1 ['penrose']", done.stdout + done.stderr
 
 
 def test_float32_solves_under_a_float64_request_fail_the_contract():
