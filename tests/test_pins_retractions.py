@@ -135,6 +135,19 @@ def test_polar_gram_refuses_a_gram_matrix_singular_only_to_rounding(seed, dtype)
             R.retract_polar_gram(Yb, 0 * Yb)
 
 
+def test_polar_gram_singularity_threshold_is_d_u_not_v_u():
+    """V = 1000, D = 2, float64: Gram eigenvalue ratio 1e-14 lies above D u = 2.2e-16 (and above the
+    Gram's rounding, ~sqrt(V) u = 3.5e-15), below V u = 1.1e-13: accepted; ratio 1e-17 is refused."""
+    U = _orthonormal(1000, 2, seed=5)
+    for s2, singular in ((1e-7, False), (10**-8.5, True)):
+        Y = (U * np.array([1.0, s2])) @ _rot(0.4).T
+        if singular:
+            with pytest.raises(R.RetractionError, match="singular to working precision"):
+                R.retract_polar_gram(Y, 0 * Y)
+        else:
+            assert np.isfinite(R.retract_polar_gram(Y, 0 * Y)).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_polar_gram_accepts_an_ill_conditioned_but_resolved_gram_matrix(dtype):
     """cond(G) = 1e3 is far from singular in either precision: the exact polar factor comes back."""
