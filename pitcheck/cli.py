@@ -160,27 +160,33 @@ def _config(args, **over):
 
 
 def _import_torch_holding_ctrl_c() -> None:
-    """Import torch with SIGINT blocked, then take any Ctrl-C that came meanwhile as KeyboardInterrupt.
+    """Import torch with Ctrl-C held, then take any Ctrl-C that came meanwhile as KeyboardInterrupt.
 
     A KeyboardInterrupt raised while torch's C++ start-up is calling back into Python cannot unwind
     through it: the process aborts ('terminate called after throwing an instance of
-    pybind11::error_already_set', SIGABRT). Blocked, the signal waits and is delivered on unblocking.
+    pybind11::error_already_set', SIGABRT) or a bare except inside the import swallows it. Blocking
+    SIGINT in this thread is not enough (a thread the import starts may take the signal, and Python then
+    runs the handler here, mid-import), so the handler itself only records the signal until the import is done.
     """
     import signal
     import threading
 
     if "torch" in sys.modules or threading.current_thread() is not threading.main_thread():
         return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    except (AttributeError, OSError):  # pragma: no cover - not POSIX
-        return
-    try:
-        import torch  # noqa: F401
-    except ImportError:  # pragma: no cover - a dependency; its absence is reported where it is used
-        pass
+        try:
+            import torch  # noqa: F401
+        except ImportError:  # pragma: no cover - a dependency; its absence is reported where it is used
+            pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a held signal is recorded now
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -466,6 +466,36 @@ def test_ctrl_c_inside_torch_start_up_waits_for_the_import_to_finish():
     assert done.stdout.strip() == "interrupted after the import: True", done.stdout + done.stderr
 
 
+KICK_FROM_ANOTHER_THREAD = """
+import importlib.abc, signal, sys, threading
+def taker():
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # as a library's worker thread might
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+class Kick(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torch.functional":
+            t = threading.Thread(target=taker)
+            t.start()
+            t.join()
+        return None
+sys.meta_path.insert(0, Kick())
+from pitcheck.cli import _import_torch_holding_ctrl_c
+try:
+    _import_torch_holding_ctrl_c()
+except KeyboardInterrupt:
+    print("interrupted after the import:", hasattr(sys.modules["torch"], "nn"))
+"""
+
+
+def test_ctrl_c_taken_by_another_thread_during_torch_start_up_also_waits():
+    # blocking SIGINT in the main thread does not stop another thread from taking it; Python then runs
+    # the handler in the main thread mid-import, where a KeyboardInterrupt aborts or is swallowed
+    done = subprocess.run([sys.executable, "-c", KICK_FROM_ANOTHER_THREAD], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted after the import: True", done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_a_bad_input_scale_is_one_line_not_a_run_that_skips_every_step(tmp_path, capsys, value):
     # a NaN scale made every gradient NaN: the run skipped all its steps and exited 0
