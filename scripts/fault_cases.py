@@ -569,7 +569,9 @@ def traceback_cases(ws: Workspace) -> list[Row]:
 
 def ctrl_c_case(ws: Workspace) -> Row:
     out = ws.fresh("ctrl-c") / "run"
-    argv = ["run", "--backend", "torch", "--precision", "bf16", "--device", "cpu", *TINY, "--out", str(out)]
+    # 2000 steps: the signal cannot arrive after the run is done, however late a loaded machine delivers it
+    argv = ["run", "--backend", "torch", "--precision", "bf16", "--device", "cpu", *TINY, "--steps", "2000",
+            "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "pitcheck.cli", *argv], cwd=out.parent,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)  # inside torch's import, which takes seconds
@@ -582,12 +584,16 @@ def ctrl_c_case(ws: Workspace) -> Row:
         done = Proc(None, "", proc.communicate()[1])
     problems = process_problems(done)
     lines = done.err.strip().splitlines()
-    if done.code != 130 or lines != ["pitcheck: interrupted"]:
-        problems.append(f"expected exit 130 and 'pitcheck: interrupted', got exit {done.code}")
-    outcome = "one-line message, exit 130" if not problems else observed_class(done)
+    # during start-up: 130; if the machine was slow enough for the run to have begun, its steps are kept
+    in_start_up = done.code == 130 and lines == ["pitcheck: interrupted"]
+    in_run = done.code == 2 and len(lines) == 1 and "checkpoint saved" in lines[0]
+    if not (in_start_up or in_run):
+        problems.append(f"expected exit 130 and 'pitcheck: interrupted' (or exit 2, checkpoint saved), "
+                        f"got exit {done.code}")
+    outcome = f"one-line message, exit {done.code}" if not problems else observed_class(done)
     return Row("tracebacks", "Ctrl-C during start-up (SIGINT 0.5 s after launch)",
-               "pitcheck run --backend torch --precision bf16 $TINY; kill -INT", outcome, str(done.code),
-               last_line(done.err), problems)
+               "pitcheck run --backend torch --precision bf16 $TINY --steps 2000; kill -INT", outcome,
+               str(done.code), last_line(done.err), problems)
 
 
 def wrong_value_cases(ws: Workspace) -> list[Row]:
