@@ -488,6 +488,24 @@ def test_gradients_under_test_against_the_float64_autograd():
     assert r.verdict == "fail"
 
 
+def test_gradients_builds_left_apart_by_their_state_dict_are_not_compared():
+    # the dtype's autograd is compared only where loading the float64 build's state_dict put both builds at
+    # the same point: embeddings apart by at most TAU units (cond 3: unit 3 UNIT32)
+    f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="float64",
+             autograd_under_test=0.9, cond_T=3.0)
+    edge = checks.TAU * 3 * UNIT32
+    r = checks.check_gradients(grad_probe(**f, state_transfer_error=edge), FP32)
+    assert r.verdict == "fail" and r.details[1]["state_transfer_error"] == edge  # at the edge: compared
+    moved = 1.5 * edge
+    r = checks.check_gradients(grad_probe(**f, state_transfer_error=moved), FP32)
+    assert r.verdict == "inconclusive"
+    assert r.details[1] == {"state": "float32 vs float64 autograd", "verdict": "inconclusive", "reason": (
+        f"loading the float64 build's state_dict left the embeddings {moved:.3g} apart ({moved / (3 * UNIT32):.3g} "
+        "x the unit): state outside the state_dict, so the derivatives are not at the same point")}
+    r = checks.check_gradients(grad_probe(**f, state_transfer_error=float("nan")), FP32)
+    assert r.verdict == "inconclusive"
+
+
 def test_gradients_of_zero_are_measured_as_zero():
     f = dict(autograd=0.0, finite_difference=0.0, fd_at_step=0.0, fd_at_half_step=0.0, autograd_under_test=0.0)
     r = checks.check_gradients(grad_probe(**f), FP32)

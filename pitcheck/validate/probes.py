@@ -348,6 +348,12 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
         h_params = [p for p in h.module.parameters() if p.requires_grad]
         if len(h_params) == len(params):
             out.facts["autograd_under_test"] = _directional(h, loss_of(h), direction)
+            # state the state_dict does not carry (a memory kept outside parameters and buffers) leaves the
+            # two builds at different points, where their derivatives need not agree
+            with torch.no_grad():
+                e_test = h.embed(ids.to(h.device)).to(torch.float64).cpu()
+                e_wide = work.embed(ids.to(work.device)).to(torch.float64).cpu()
+            out.facts["state_transfer_error"] = float((e_test - e_wide).norm() / max(float(e_wide.norm()), 1e-300))
     return out
 
 
