@@ -23,7 +23,7 @@ class NumpyOps:
     def eye(self, n, like):
         return np.eye(n, dtype=like.dtype)
 
-    def unit_roundoff(self, x):
+    def dtype_unit_roundoff(self, x):
         """u = 2^-p of x's dtype (half of numpy's eps)."""
         return float(np.finfo(x.dtype).eps) / 2
 
@@ -103,7 +103,7 @@ class TorchOps:
     def eye(self, n, like):
         return self.torch.eye(n, dtype=like.dtype, device=like.device)
 
-    def unit_roundoff(self, x):
+    def dtype_unit_roundoff(self, x):
         """u = 2^-p of x's dtype (half of torch's eps)."""
         return float(self.torch.finfo(x.dtype).eps) / 2
 

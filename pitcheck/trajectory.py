@@ -672,6 +672,11 @@ class Trajectory:
         try:
             events = self.engine.step(grads, self.step)
             skipped = any("step skipped" in str(e.get("action", "")) for e in events)
+            if skipped and self.step + 1 == self.config.steps and self._steps_skipped() == self.step:
+                # the last step skipped like every one before it: the run's numbers would be its start's
+                kinds = skipped_steps_by_event(self.events + [{**e, "step": self.step + 1} for e in events])
+                raise StateBreakdown(f"none of the {self.config.steps} steps was applied ("
+                                     + ", ".join(f"{n} {name}" for name, n in sorted(kinds.items())) + ")")
             _advance_source(self.engine, skipped)
             # the shadow follows what the model did, so a step the model skipped the shadow skips too
             if self.shadow and not skipped:
@@ -702,6 +707,9 @@ class Trajectory:
         grads = source.add_gradients(self.engine, base, self.step)
         shadow = self.shadow.source.add_gradients(self.shadow, base, self.step) if self.shadow else None
         return grads, shadow
+
+    def _steps_skipped(self) -> int:
+        return len({e["step"] for e in self.events if "step skipped" in str(e.get("action", ""))})
 
     def _breakdown_error(self, event: dict) -> RunBreakdown:
         return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
@@ -801,13 +809,18 @@ def _advance_source(engine, skipped: bool) -> None:
         engine.source.discard() if skipped else engine.source.advance()
 
 
-def skipped_steps(out: Path | str) -> dict[str, int]:
-    """How many steps of the run in `out` were skipped, by the event that skipped them."""
+def skipped_steps_by_event(events: list[dict]) -> dict[str, int]:
+    """How many steps were skipped, by the event that skipped them."""
     counts: dict[str, int] = {}
-    for e in read_events(Path(out) / EVENTS):
+    for e in events:
         if "step skipped" in str(e.get("action", "")):
             counts[e["event"]] = counts.get(e["event"], 0) + 1
     return counts
+
+
+def skipped_steps(out: Path | str) -> dict[str, int]:
+    """skipped_steps_by_event of the run in `out`."""
+    return skipped_steps_by_event(read_events(Path(out) / EVENTS))
 
 
 def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,

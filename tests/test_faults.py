@@ -268,8 +268,12 @@ def test_a_run_that_applied_none_of_its_steps_is_a_breakdown(tmp_path, capsys):
     d = tmp_path / "run"
     argv = ["run", "--backend", "torch", "--precision", "fp16", "--vocab", "64", "--dim", "8", "--steps", "20",
             "--adversary", "gaussian", "--lr", "1e6", "--no-progress", "--out", str(d)]
-    fails(capsys, argv, "none of the 20 steps was applied (20 nonfinite_state)", code=1)
-    assert sum(skipped_steps(d).values()) == 20
+    fails(capsys, argv, "broke down at step 20: none of the 20 steps was applied (20 nonfinite_state)", code=1)
+    events = read_events(d / "events.jsonl")
+    assert sum(skipped_steps(d).values()) == 19 and events[-1]["event"] == "breakdown" and events[-1]["step"] == 20
+    before = files_of(d)
+    fails(capsys, argv + ["--resume"], "broke down at step 20", code=1)  # and stays broken
+    assert files_of(d) == before
 
 
 def test_a_run_that_skipped_some_steps_says_how_many(tmp_path, capsys):
@@ -494,6 +498,17 @@ def test_ctrl_c_taken_by_another_thread_during_torch_start_up_also_waits():
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted after the import: True", done.stdout + done.stderr
+
+
+def test_an_ignored_ctrl_c_stays_ignored_during_torch_start_up():
+    # a background job (SIGINT ignored) must not be interrupted because the import held the signal
+    code = KICK_DURING_TORCH_IMPORT.replace("import importlib.abc, os, signal, sys\n",
+                                            "import importlib.abc, os, signal, sys\n"
+                                            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n")
+    code += "else:\n    print('not interrupted:', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "not interrupted: True", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])

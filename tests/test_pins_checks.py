@@ -476,7 +476,8 @@ def test_gradients_small_derivatives_are_relative():
 
 
 def test_gradients_under_test_against_the_float64_autograd():
-    f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="float64")
+    f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="float64",
+             reference_dtype="float64")
     r = checks.check_gradients(grad_probe(**f, autograd_under_test=0.5 * (1 + 1e-6), cond_T=3.0), FP32)
     row = r.details[1]
     assert row["state"] == "float32 vs float64 autograd"
@@ -489,25 +490,40 @@ def test_gradients_under_test_against_the_float64_autograd():
 
 
 def test_gradients_builds_left_apart_by_their_state_dict_are_not_compared():
-    # the dtype's autograd is compared only where loading the float64 build's state_dict put both builds at
-    # the same point: embeddings apart by at most TAU units (cond 3: unit 3 UNIT32)
-    f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="float64",
-             autograd_under_test=0.9, cond_T=3.0)
+    # the dtype's autograd is compared only where loading the reference build's state_dict put both builds at
+    # the same point: embeddings apart by at most TAU units (cond 3: unit 3 UNIT32). The differences were
+    # taken in bfloat16 (a bfloat16 parameter), the reference autograd is the float64 build's.
+    f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="bfloat16",
+             reference_dtype="float64", autograd_under_test=0.9, cond_T=3.0)
     edge = checks.TAU * 3 * UNIT32
     r = checks.check_gradients(grad_probe(**f, state_transfer_error=edge), FP32)
     assert r.verdict == "fail" and r.details[1]["state_transfer_error"] == edge  # at the edge: compared
+    assert r.details[1]["state"] == "float32 vs float64 autograd"
     moved = 1.5 * edge
     r = checks.check_gradients(grad_probe(**f, state_transfer_error=moved), FP32)
     assert r.verdict == "inconclusive"
     assert r.details[1] == {"state": "float32 vs float64 autograd", "verdict": "inconclusive", "reason": (
-        f"loading the float64 build's state_dict left the embeddings {moved:.3g} apart ({moved / (3 * UNIT32):.3g} "
-        "x the unit): state outside the state_dict, so the derivatives are not at the same point")}
+        f"after loading the float64 build's state_dict the two builds' embeddings are {moved:.3g} apart "
+        f"({moved / (3 * UNIT32):.3g} x the unit): not the same point (state outside the state_dict?), so their "
+        "derivatives are not compared")}
     r = checks.check_gradients(grad_probe(**f, state_transfer_error=float("nan")), FP32)
-    assert r.verdict == "inconclusive"
+    assert r.verdict == "inconclusive" and r.details[1]["reason"] == (
+        "after loading the float64 build's state_dict the embeddings are not finite: the derivatives cannot be "
+        "compared")
+
+
+def test_gradients_unresolvable_because_of_measured_noise_says_so():
+    # noise 0.02 above the theoretical u_fp32^(2/3) = 1.5e-5 sets the unit: 16 x 0.02 > 0.1 cannot resolve
+    r = checks.check_gradients(grad_probe(autograd=1.0, finite_difference=1.0, fd_at_step=1.0, fd_at_half_step=1.02,
+                                          loss_scale=1.0), FP32)
+    assert r.verdict == "inconclusive" and r.reason == (
+        "autograd vs finite differences (float32): the differences' measured noise (0.02) cannot resolve "
+        "directional derivative error (threshold 0.32)")
 
 
 def test_gradients_of_zero_are_measured_as_zero():
-    f = dict(autograd=0.0, finite_difference=0.0, fd_at_step=0.0, fd_at_half_step=0.0, autograd_under_test=0.0)
+    f = dict(autograd=0.0, finite_difference=0.0, fd_at_step=0.0, fd_at_half_step=0.0, autograd_under_test=0.0,
+             reference_dtype="float64")
     r = checks.check_gradients(grad_probe(**f), FP32)
     # 0 / 0 is no error; the differences' unit is unbounded there, so the first row cannot judge
     assert [d["ratio"] for d in r.details] == [0.0, 0.0] and r.details[1]["verdict"] == "pass"

@@ -122,7 +122,7 @@ def test_polar_gram_refuses_a_singular_gram_matrix():
         R.retract_polar_gram(Y, 0 * Y)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [np.float64, torch.float64, torch.float32])
 @pytest.mark.parametrize("seed", range(6))
 def test_polar_gram_refuses_a_gram_matrix_singular_only_to_rounding(seed, dtype):
     """Two equal columns: the Gram's zero eigenvalue comes out of eigh as +-(a few u) ||G||, rounded
@@ -130,9 +130,9 @@ def test_polar_gram_refuses_a_gram_matrix_singular_only_to_rounding(seed, dtype)
     amplifies rounding error to O(1) in the result)."""
     Y = np.random.default_rng(seed).standard_normal((40, 4))
     Y[:, 3] = Y[:, 1]
-    for Yb in (Y, torch.from_numpy(Y).to(dtype)):
-        with pytest.raises(R.RetractionError, match="singular to working precision"):
-            R.retract_polar_gram(Yb, 0 * Yb)
+    Y = Y if dtype is np.float64 else torch.from_numpy(Y).to(dtype)
+    with pytest.raises(R.RetractionError, match="singular to working precision"):
+        R.retract_polar_gram(Y, 0 * Y)
 
 
 def test_polar_gram_singularity_threshold_is_d_u_not_v_u():
@@ -154,7 +154,8 @@ def test_polar_gram_accepts_an_ill_conditioned_but_resolved_gram_matrix(dtype):
     Z, xi, expected = _known_polar(V=9, s=(1.0, 10**-1.5))
     Y = torch.from_numpy(Z + xi).to(dtype)
     out = R.retract_polar_gram(Y, 0 * Y).double().numpy()
-    assert np.abs(out - expected).max() < 1e3 * float(torch.finfo(dtype).eps)
+    # the Gram route's error is about u cond(G) = 1e3 u
+    assert np.abs(out - expected).max() < 1e4 * float(torch.finfo(dtype).eps) / 2
 
 
 # ---- QR family -----------------------------------------------------------------------------------

@@ -311,8 +311,9 @@ def check_conditioning(probe: Probe, ctx: Context) -> CheckResult:
 
 def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
     """Autograd's directional derivative against Richardson-extrapolated central differences (float64
-    build for half-precision targets, the dtype under test otherwise), and the dtype under test against
-    the float64 build's autograd, in units of unit(cond(T)).
+    build for half-precision targets, the dtype under test otherwise; taken no finer than the coarsest
+    parameter), and the dtype under test against the float64 build's autograd at the same point, in units
+    of unit(cond(T)).
 
     The differences' own error is measured, not assumed: two central differences at steps t and t/2
     differ by their truncation error plus the rounding noise of the loss over t; the unit is the larger
@@ -327,20 +328,26 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
     scale = max(abs(ad), abs(fd), 1e-300)
     noise = abs(f["fd_at_step"] - f["fd_at_half_step"]) / scale
     # the loss's magnitude bounds the cancellation in the differences
-    fd_unit = max(u_fd ** (2.0 / 3.0) * max(f["loss_scale"], abs(ad)) / scale, noise)
+    theory = u_fd ** (2.0 / 3.0) * max(f["loss_scale"], abs(ad)) / scale
+    fd_unit = max(theory, noise)
+    # what limits the differences: their dtype, or the noise measured in them
+    limit = f["fd_dtype"] if theory >= noise else f"the differences' measured noise ({noise:.2g})"
     v.ratio(f"autograd vs finite differences ({f['fd_dtype']})", abs(ad - fd) / scale, fd_unit,
-            "directional derivative error", precision=f["fd_dtype"], autograd=ad, finite_difference=fd,
-            fd_noise=noise)
+            "directional derivative error", precision=limit, autograd=ad, finite_difference=fd, fd_noise=noise)
     if "autograd_under_test" in f:
         test = f["autograd_under_test"]
-        label = f"{ctx.dtype} vs {f['fd_dtype']} autograd"
+        reference = f["reference_dtype"]
+        label = f"{ctx.dtype} vs {reference} autograd"
         unit = ctx.unit(f.get("cond_T", 1.0))
         moved = f.get("state_transfer_error", 0.0)
-        if not moved <= TAU * unit:
-            # the checkpoint check judges the lost state; here it only makes the two derivatives incomparable
-            v.inconclusive(label, f"loading the {f['fd_dtype']} build's state_dict left the embeddings "
-                                  f"{moved:.3g} apart ({moved / unit:.3g} x the unit): state outside the "
-                                  "state_dict, so the derivatives are not at the same point")
+        if not math.isfinite(moved):
+            v.inconclusive(label, f"after loading the {reference} build's state_dict the embeddings are not "
+                                  "finite: the derivatives cannot be compared")
+        elif not moved <= TAU * unit:
+            # the checkpoint check judges lost state; here it only makes the two derivatives incomparable
+            v.inconclusive(label, f"after loading the {reference} build's state_dict the two builds' "
+                                  f"embeddings are {moved:.3g} apart ({moved / unit:.3g} x the unit): not the same "
+                                  "point (state outside the state_dict?), so their derivatives are not compared")
         else:
             v.ratio(label, abs(test - ad) / max(abs(ad), 1e-300), unit, "directional derivative difference",
                     autograd_under_test=test, state_transfer_error=moved)

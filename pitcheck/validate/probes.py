@@ -320,6 +320,7 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
     fd_dtype = max([work.dtype] + [p.dtype for p in params if p.is_floating_point()],
                    key=lambda dt: torch.finfo(dt).eps)
     out.facts["fd_dtype"] = str(fd_dtype).replace("torch.", "")
+    out.facts["reference_dtype"] = str(work.dtype).replace("torch.", "")  # the build whose autograd is compared
     out.facts["parameters"] = len(params)
     if not params:
         return out
