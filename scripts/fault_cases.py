@@ -27,6 +27,8 @@ from pitcheck import PitcheckError, metrics, reference
 from pitcheck.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.helpers import damage_run_file  # noqa: E402  (the damage the tests do)
 RESULTS = ROOT / "results" / "faults"
 TIMEOUT = 120
 MESSAGE_CHARS = 140
@@ -191,28 +193,6 @@ def differing(a: Path, b: Path, names=RUN_FILES) -> list[str]:
             if not (b / n).exists() or (a / n).read_bytes() != (b / n).read_bytes()]
 
 
-def damage(path: Path, how: str) -> None:
-    data = path.read_bytes()
-    if how == "truncated":
-        path.write_bytes(data[: len(data) // 2])
-    elif how == "empty":
-        path.write_bytes(b"")
-    elif how == "garbage":
-        path.write_bytes(np.random.default_rng(0).bytes(300))
-    elif path.name == "checkpoint.npz":
-        with np.load(path) as ck:
-            arrays = {k: ck[k] for k in ck.files}
-        arrays["engine_master_Z"] = np.where(arrays["engine_master_Z"] > 0, np.nan, arrays["engine_master_Z"])
-        path.write_bytes(npz_bytes(arrays))
-    elif path.name == "metrics.csv":
-        path.write_text(path.read_text().replace("\n1,", "\nnan,", 1))
-    elif path.name == "manifest.json":
-        path.write_text(path.read_text().replace('"lr": 0.01', '"lr": NaN'))
-    else:
-        path.write_text('{"step": NaN, "event": "x"}\n' + path.read_text())
-    assert path.read_bytes() != data, f"{path.name} {how}: damage changed nothing"
-
-
 class Workspace:
     """A temporary directory with one finished tiny run that damaged copies are made from."""
 
@@ -361,27 +341,24 @@ def lost_history_cases(ws: Workspace) -> list[Row]:
                             "pitcheck run $TINY --resume --out RUN", proc,
                             lambda: differing(ws.finished, out) + stray_files(out),
                             "rolled forward: metrics.csv, events.jsonl, checkpoint.npz as committed"))
-    for legacy in (False, True):
-        kind = "no commit record" if legacy else "committed"
-        out = ws.copy("lost-row", legacy)
-        lines = (out / "metrics.csv").read_text().splitlines(keepends=True)
-        (out / "metrics.csv").write_text("".join(lines[:-1]))
-        before = files_of(out)
-        proc = cli(["run", *TINY, "--resume", "--out", str(out)], out.parent)
-        rows.append(error_row(group, f"metrics.csv lost the checkpoint's row ({kind})",
-                              "pitcheck run $TINY --resume --out RUN", proc,
-                              "rows were lost" if legacy else "does not match the last commit",
-                              ["files changed"] if files_of(out) != before else []))
-    for legacy in (False, True):
-        kind = "no commit record" if legacy else "committed"
-        out = ws.copy("empty-metrics", legacy)
-        (out / "metrics.csv").write_text(",".join(METRIC_COLUMNS) + "\n")
-        before = files_of(out)
-        proc = cli(["run", *TINY, "--resume", "--out", str(out)], out.parent)
-        rows.append(error_row(group, f"metrics.csv emptied to its header ({kind})",
-                              "pitcheck run $TINY --resume --out RUN", proc,
-                              "no row for step 0" if legacy else "does not match the last commit",
-                              ["files changed"] if files_of(out) != before else []))
+    def drop_last_row(path: Path) -> None:
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+
+    def header_only(path: Path) -> None:
+        path.write_text(",".join(METRIC_COLUMNS) + "\n")
+
+    for slug, case, damage_metrics, legacy_message in (
+            ("lost-row", "lost the checkpoint's row", drop_last_row, "rows were lost"),
+            ("empty-metrics", "emptied to its header", header_only, "no row for step 0")):
+        for legacy in (False, True):
+            kind = "no commit record" if legacy else "committed"
+            out = ws.copy(slug, legacy)
+            damage_metrics(out / "metrics.csv")
+            before = files_of(out)
+            proc = cli(["run", *TINY, "--resume", "--out", str(out)], out.parent)
+            rows.append(error_row(group, f"metrics.csv {case} ({kind})", "pitcheck run $TINY --resume --out RUN",
+                                  proc, legacy_message if legacy else "does not match the last commit",
+                                  ["files changed"] if files_of(out) != before else []))
     return rows
 
 
@@ -549,7 +526,7 @@ def traceback_cases(ws: Workspace) -> list[Row]:
     for name in ("checkpoint.npz", "metrics.csv", "manifest.json", "events.jsonl"):
         for how in ("truncated", "empty", "garbage", "nan"):
             out = ws.copy("damaged")
-            damage(out / name, how)
+            damage_run_file(out / name, how)
             before = files_of(out)
             proc = cli(["run", *TINY, "--resume", "--out", str(out)], out.parent)
             rows.append(error_row(group, f"{how} {name}, --resume", f"pitcheck run $TINY --resume --out RUN  "

@@ -1,7 +1,10 @@
 """Shared test fixtures' building blocks."""
+from pathlib import Path
+
 import numpy as np
 
 from pitcheck import reference
+from pitcheck.rundir import npz_bytes
 
 
 def pit_pair(vocab, dim, cond, seed=0):
@@ -10,3 +13,27 @@ def pit_pair(vocab, dim, cond, seed=0):
     Z = reference.random_memory(vocab, dim, rng)
     L = reference.cholesky_factor(reference.spd_with_condition(dim, cond, rng))
     return Z, L
+
+
+def damage_run_file(path: Path, how: str) -> None:
+    """Damage one file of a run directory: 'truncated', 'empty', 'garbage' or 'nan' (a NaN where a number
+    belongs). The damage must change the file."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "garbage":
+        path.write_bytes(np.random.default_rng(0).bytes(300))
+    elif path.name == "checkpoint.npz":
+        with np.load(path) as ck:
+            arrays = {k: ck[k] for k in ck.files}
+        arrays["engine_master_Z"] = np.where(arrays["engine_master_Z"] > 0, np.nan, arrays["engine_master_Z"])
+        path.write_bytes(npz_bytes(arrays))
+    elif path.name == "metrics.csv":
+        path.write_text(path.read_text().replace("\n1,", "\nnan,", 1))
+    elif path.name == "manifest.json":
+        path.write_text(path.read_text().replace('"lr": 0.01', '"lr": NaN'))
+    else:
+        path.write_text('{"step": NaN, "event": "x"}\n' + path.read_text())
+    assert path.read_bytes() != data, f"{path.name} {how}: damage changed nothing"

@@ -15,6 +15,7 @@ import pytest
 
 from pitcheck import PitcheckError, cli, rundir
 from pitcheck.rundir import npz_bytes
+from tests.helpers import damage_run_file
 from pitcheck.trajectory import METRIC_COLUMNS, RunConfig, read_events, read_metrics, run, skipped_steps
 
 TINY = ["--vocab", "64", "--dim", "4", "--steps", "20", "--adversary", "gaussian,nonfinite", "--no-progress"]
@@ -164,33 +165,12 @@ def test_checkpoint_that_does_not_follow_from_its_state_is_refused(capsys, copy_
     fails(capsys, ["run", *TINY, "--resume", "--out", str(d)], "do not match the state they restore")
 
 
-def _damage(path: Path, how: str) -> None:
-    data = path.read_bytes()
-    if how == "truncated":
-        path.write_bytes(data[: len(data) // 2])
-    elif how == "empty":
-        path.write_bytes(b"")
-    elif how == "garbage":
-        path.write_bytes(np.random.default_rng(0).bytes(300))
-    elif path.name == "checkpoint.npz":  # NaN
-        with np.load(path) as ck:
-            arrays = {k: ck[k] for k in ck.files}
-        arrays["engine_master_Z"] = np.where(arrays["engine_master_Z"] > 0, np.nan, arrays["engine_master_Z"])
-        path.write_bytes(npz_bytes(arrays))
-    elif path.name == "metrics.csv":
-        path.write_text(path.read_text().replace("\n1,", "\nnan,", 1))
-    elif path.name == "manifest.json":
-        path.write_text(path.read_text().replace('"lr": 0.01', '"lr": NaN'))
-    else:
-        path.write_text('{"step": NaN, "event": "x"}\n' + path.read_text())
-
-
 @pytest.mark.parametrize("legacy", [False, True], ids=["committed", "legacy"])
 @pytest.mark.parametrize("how", ["truncated", "empty", "garbage", "nan"])
 @pytest.mark.parametrize("name", ["checkpoint.npz", "metrics.csv", "manifest.json", "events.jsonl"])
 def test_damaged_files_are_refused_in_one_line(capsys, copy_of, name, how, legacy):
     d = copy_of(legacy)
-    _damage(d / name, how)
+    damage_run_file(d / name, how)
     before = files_of(d)
     argv = ["run", *TINY, "--resume", "--out", str(d)]
     if legacy and name == "events.jsonl" and how in ("empty", "truncated"):
@@ -446,41 +426,15 @@ def test_real_ctrl_c_during_start_up_is_one_line(tmp_path, delay):
 
 
 KICK_DURING_TORCH_IMPORT = """
-import importlib.abc, os, signal, sys
-class Kick(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "torch.functional":  # deep inside torch's start-up
-            os.kill(os.getpid(), signal.SIGINT)
-        return None
-sys.meta_path.insert(0, Kick())
-from pitcheck.cli import _import_torch_holding_ctrl_c
-try:
-    _import_torch_holding_ctrl_c()
-except KeyboardInterrupt:
-    print("interrupted after the import:", hasattr(sys.modules["torch"], "nn"))
-"""
-
-
-def test_ctrl_c_inside_torch_start_up_waits_for_the_import_to_finish():
-    # a KeyboardInterrupt raised while torch's C++ start-up calls back into Python can abort the
-    # process ('terminate called ... pybind11::error_already_set'): the signal is held until it is done
-    done = subprocess.run([sys.executable, "-c", KICK_DURING_TORCH_IMPORT], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "interrupted after the import: True", done.stdout + done.stderr
-
-
-KICK_FROM_ANOTHER_THREAD = """
-import importlib.abc, signal, sys, threading
-def taker():
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # as a library's worker thread might
+import importlib.abc, os, signal, sys, threading
+{prelude}
+def take_in_another_thread():
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})  # as a library's worker thread might
     signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 class Kick(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name == "torch.functional":
-            t = threading.Thread(target=taker)
-            t.start()
-            t.join()
+        if name == "torch.functional":  # deep inside torch's start-up
+            {kick}
         return None
 sys.meta_path.insert(0, Kick())
 from pitcheck.cli import _import_torch_holding_ctrl_c
@@ -488,27 +442,33 @@ try:
     _import_torch_holding_ctrl_c()
 except KeyboardInterrupt:
     print("interrupted after the import:", hasattr(sys.modules["torch"], "nn"))
+else:
+    print("not interrupted:", signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
 """
+KICKS = {"this thread": "os.kill(os.getpid(), signal.SIGINT)",
+         "another thread": "t = threading.Thread(target=take_in_another_thread); t.start(); t.join()"}
 
 
-def test_ctrl_c_taken_by_another_thread_during_torch_start_up_also_waits():
-    # blocking SIGINT in the main thread does not stop another thread from taking it; Python then runs
-    # the handler in the main thread mid-import, where a KeyboardInterrupt aborts or is swallowed
-    done = subprocess.run([sys.executable, "-c", KICK_FROM_ANOTHER_THREAD], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+def _kick_during_torch_import(where: str, prelude: str = "") -> str:
+    code = KICK_DURING_TORCH_IMPORT.format(prelude=prelude, kick=KICKS[where])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "interrupted after the import: True", done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("where", sorted(KICKS))
+def test_ctrl_c_inside_torch_start_up_waits_for_the_import_to_finish(where):
+    # a KeyboardInterrupt raised while torch's C++ start-up calls back into Python can abort the process
+    # ('terminate called ... pybind11::error_already_set') or be swallowed: it must wait for the import to
+    # finish. Blocking SIGINT in the main thread is not enough: another thread may take it, and Python then
+    # runs the handler in the main thread, mid-import.
+    assert _kick_during_torch_import(where) == "interrupted after the import: True"
 
 
 def test_an_ignored_ctrl_c_stays_ignored_during_torch_start_up():
     # a background job (SIGINT ignored) must not be interrupted because the import held the signal
-    code = KICK_DURING_TORCH_IMPORT.replace("import importlib.abc, os, signal, sys\n",
-                                            "import importlib.abc, os, signal, sys\n"
-                                            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n")
-    code += "else:\n    print('not interrupted:', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "not interrupted: True", done.stdout + done.stderr
+    prelude = "signal.signal(signal.SIGINT, signal.SIG_IGN)"
+    assert _kick_during_torch_import("this thread", prelude) == "not interrupted: True"
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
