@@ -477,7 +477,7 @@ def test_gradients_small_derivatives_are_relative():
 
 def test_gradients_under_test_against_the_float64_autograd():
     f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="float64",
-             reference_dtype="float64")
+             reference_dtype="float64", state_transfer_error=0.0)
     r = checks.check_gradients(grad_probe(**f, autograd_under_test=0.5 * (1 + 1e-6), cond_T=3.0), FP32)
     row = r.details[1]
     assert row["state"] == "float32 vs float64 autograd"
@@ -499,7 +499,7 @@ def test_gradients_builds_left_apart_by_their_state_dict_are_not_compared():
     r = checks.check_gradients(grad_probe(**f, state_transfer_error=edge), FP32)
     assert r.verdict == "fail" and r.details[1]["state_transfer_error"] == edge  # at the edge: compared
     assert r.details[1]["state"] == "float32 vs float64 autograd"
-    moved = 1.5 * edge
+    moved = 1.37 * edge  # 21.92 units: a fractional ratio in the message
     r = checks.check_gradients(grad_probe(**f, state_transfer_error=moved), FP32)
     assert r.verdict == "inconclusive"
     assert r.details[1] == {"state": "float32 vs float64 autograd", "verdict": "inconclusive", "reason": (
@@ -523,7 +523,7 @@ def test_gradients_unresolvable_because_of_measured_noise_says_so():
 
 def test_gradients_of_zero_are_measured_as_zero():
     f = dict(autograd=0.0, finite_difference=0.0, fd_at_step=0.0, fd_at_half_step=0.0, autograd_under_test=0.0,
-             reference_dtype="float64")
+             reference_dtype="float64", state_transfer_error=0.0)
     r = checks.check_gradients(grad_probe(**f), FP32)
     # 0 / 0 is no error; the differences' unit is unbounded there, so the first row cannot judge
     assert [d["ratio"] for d in r.details] == [0.0, 0.0] and r.details[1]["verdict"] == "pass"

@@ -339,7 +339,7 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
         reference = f["reference_dtype"]
         label = f"{ctx.dtype} vs {reference} autograd"
         unit = ctx.unit(f.get("cond_T", 1.0))
-        moved = f.get("state_transfer_error", 0.0)
+        moved = f["state_transfer_error"]
         if not math.isfinite(moved):
             v.inconclusive(label, f"after loading the {reference} build's state_dict the embeddings are not "
                                   "finite: the derivatives cannot be compared")
