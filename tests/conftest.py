@@ -1,3 +1,5 @@
+import signal
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long fault-injection runs; skipped unless --runslow or -m slow")
+    # a runner started in the background of a script (`cmd &`) ignores SIGINT and every child inherits that;
+    # the Ctrl-C tests need children that take SIGINT as a terminal's foreground job does (a Python handler,
+    # unlike SIG_IGN, is not inherited: children start with the default)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
