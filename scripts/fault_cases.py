@@ -549,8 +549,10 @@ def ctrl_c_case(ws: Workspace) -> Row:
     # 2000 steps: the signal cannot arrive after the run is done, however late a loaded machine delivers it
     argv = ["run", "--backend", "torch", "--precision", "bf16", "--device", "cpu", *TINY, "--steps", "2000",
             "--out", str(out)]
+    # SIG_DFL: as a terminal's foreground job, even when this script runs in a background (SIGINT-ignoring) shell
     proc = subprocess.Popen([sys.executable, "-m", "pitcheck.cli", *argv], cwd=out.parent,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(0.5)  # inside torch's import, which takes seconds
     proc.send_signal(signal.SIGINT)
     try:
