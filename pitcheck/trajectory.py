@@ -671,7 +671,7 @@ class Trajectory:
         shadow_before = self.shadow.snapshot() if self.shadow else None
         try:
             events = self.engine.step(grads, self.step)
-            skipped = any("step skipped" in str(e.get("action", "")) for e in events)
+            skipped = any(map(skips_step, events))
             if skipped and self.step + 1 == self.config.steps and self._steps_skipped() == self.step:
                 # the last step skipped like every one before it: the run's numbers would be its start's
                 kinds = skipped_steps_by_event(self.events + [{**e, "step": self.step + 1} for e in events])
@@ -682,8 +682,7 @@ class Trajectory:
             if self.shadow and not skipped:
                 try:
                     shadow_events = self.shadow.step(grads if shadow_grads is None else shadow_grads, self.step)
-                    _advance_source(self.shadow, any("step skipped" in str(e.get("action", ""))
-                                                     for e in shadow_events))
+                    _advance_source(self.shadow, any(map(skips_step, shadow_events)))
                 except StateBreakdown as exc:
                     raise StateBreakdown(f"the float64 shadow: {exc}") from None
             elif self.shadow:
@@ -709,7 +708,7 @@ class Trajectory:
         return grads, shadow
 
     def _steps_skipped(self) -> int:
-        return len({e["step"] for e in self.events if "step skipped" in str(e.get("action", ""))})
+        return len({e["step"] for e in self.events if skips_step(e)})
 
     def _breakdown_error(self, event: dict) -> RunBreakdown:
         return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
@@ -809,11 +808,16 @@ def _advance_source(engine, skipped: bool) -> None:
         engine.source.discard() if skipped else engine.source.advance()
 
 
+def skips_step(event: dict) -> bool:
+    """Whether the event records a step the model did not take."""
+    return "step skipped" in str(event.get("action", ""))
+
+
 def skipped_steps_by_event(events: list[dict]) -> dict[str, int]:
     """How many steps were skipped, by the event that skipped them."""
     counts: dict[str, int] = {}
     for e in events:
-        if "step skipped" in str(e.get("action", "")):
+        if skips_step(e):
             counts[e["event"]] = counts.get(e["event"], 0) + 1
     return counts
 
