@@ -23,7 +23,15 @@ what must hold over the run:
 Scenario keys besides the run options: why, source, requires ("cuda": skipped without a GPU),
 require_events and forbid_events (event names of events.jsonl), adversary_params (a table).
 Growth exponents are least-squares slopes of log(metric) against log(step) over the recorded steps
-from step 1 (step 0 is the float64 start rounded to the storage format, below any retraction's level).
+from step 1 (step 0 is the float64 start rounded to the storage format, below any retraction's level),
+from at least MIN_GROWTH_POINTS of them: fewer make a growth check INCONCLUSIVE, which fails like a
+broken one. A scenario whose recorded steps are too few for its growth checks is refused, and so is
+steps = 0 (only the initial state would be judged) unless the scenario says `initial_state = true`:
+then it runs no step, its budgets and floors are judged at step 0, and the output says so.
+
+A scenario is named FILE-STEM::NAME (with as many parent folders before the stem as set apart files
+of one stem); each runs in OUT/<file>/<name>, the names made plain for the file system ([A-Za-z0-9_.-])
+with a hash of the original appended whenever that changed them, so no two scenarios share a directory.
 
 Exit status of `main_stress`: 0 when every budget holds, 1 when any is broken (or a run breaks down),
 2 on bad input (a malformed file, an unknown key, a budget on an unknown metric), the file and the
@@ -34,7 +42,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import hashlib
 import json
+import os
 import math
 import re
 import shutil
@@ -48,7 +58,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from .errors import PitcheckError
-from .rundir import check_out_file
+from .rundir import check_out_file, check_out_path
 
 __all__ = ["Check", "Scenario", "ScenarioResult", "StressInputError", "load_scenarios", "run_scenario",
            "run_scenarios", "suite_files", "table", "junit_xml", "add_stress_parser", "main_stress"]
@@ -57,8 +67,10 @@ SUITE_DIR = Path(__file__).resolve().parent.parent / "stress"
 SOURCES = ("theory", "measured", "user")
 EVENTS = ("breakdown", "gradient_overflow", "nonfinite_gradient", "nonfinite_metric", "nonfinite_state",
           "precision_cannot_resolve", "reprojected", "retraction_failed", "threshold_crossed")
-SCENARIO_KEYS = ("why", "source", "requires", "require_events", "forbid_events", "budget", "floor")
+SCENARIO_KEYS = ("why", "source", "requires", "require_events", "forbid_events", "budget", "floor", "initial_state")
 SHADOW_METRICS = ("shadow_Z", "shadow_T")
+# a line through two points fits any two values: three are the fewest that can show a power law
+MIN_GROWTH_POINTS = 3
 
 
 class StressInputError(PitcheckError):
@@ -97,10 +109,16 @@ class Scenario:
     requires: str = ""
     require_events: list[str] = field(default_factory=list)
     forbid_events: list[str] = field(default_factory=list)
+    label: str = ""  # the file's part of the id: its stem, or folders/stem where files share a stem
+    initial_state: bool = False  # steps = 0 on purpose: the budgets judge the start alone
+
+    @property
+    def file_label(self) -> str:
+        return self.label or Path(self.file).stem
 
     @property
     def id(self) -> str:
-        return f"{Path(self.file).stem}::{self.name}"
+        return f"{self.file_label}::{self.name}"
 
 
 @dataclass
@@ -110,6 +128,11 @@ class CheckResult:
     step: int | None  # where the worst (or last) value was recorded; None for exponents
     held: bool
     message: str = ""
+    inconclusive: bool = False  # the run did not record enough to judge (never held)
+
+    @property
+    def status(self) -> str:
+        return "held" if self.held else "INCONCLUSIVE" if self.inconclusive else "BROKEN"
 
     @property
     def headroom(self) -> str:
@@ -140,21 +163,33 @@ class ScenarioResult:
 
 # ---------------------------------------------------------------- loading and validating scenario files
 
+def _key_parts(key_text: str) -> list[str] | None:
+    """The parts of a TOML (dotted) key as TOML reads them (quotes and escapes decoded); None if not a key."""
+    try:
+        doc = tomllib.loads(f"{key_text} = 0")
+    except tomllib.TOMLDecodeError:
+        return None
+    parts = []
+    while isinstance(doc, dict) and len(doc) == 1:
+        [(k, doc)] = doc.items()
+        parts.append(k)
+    return parts
+
+
 def _line_of(text: str, table: list[str], key: str | None = None) -> int | None:
     """Line number (1-based) of `key` inside the TOML table `table` (or of the table's header)."""
-    want = ".".join(table)
-    header = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")
+    header = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
     current = None
     for i, line in enumerate(text.splitlines(), 1):
         m = header.match(line)
         if m:
-            current = ".".join(p.strip().strip('"').strip("'") for p in m.group(1).split("."))
-            if key is None and (current == want or current.startswith(want + ".")):
+            current = _key_parts(m.group(1))
+            if key is None and current is not None and current[:len(table)] == table:
                 return i
             continue
-        if key is not None and current == want:
-            k = re.match(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_-]+)\s*=", line)
-            if k and k.group(1).strip("\"'") == key:
+        if key is not None and current == table:
+            k = re.match(r"^\s*(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[A-Za-z0-9_-]+)\s*=", line)
+            if k and _key_parts(k.group(1)) == [key]:
                 return i
     return None
 
@@ -257,9 +292,13 @@ def load_file(path: Path | str) -> list[Scenario]:
     metrics = _metric_names()
     out = []
     for name, table in scenarios.items():
+        here = ["scenario", name]
+        if not name.strip() or not name.isprintable():
+            # a control character breaks the table, the one-line messages and the JUnit XML
+            raise StressInputError(f"{_where(path, text, here)}: scenario {name!r}: a scenario name must be "
+                                   "printable text, not blank (no control, line-break or invisible characters)")
         if not isinstance(table, dict):
             raise StressInputError(f"{_where(path, text, [], 'scenario')}: scenario {name!r} must be a table")
-        here = ["scenario", name]
         kwargs = {}
         for key, value in table.items():
             if key not in allowed:
@@ -332,8 +371,30 @@ def load_file(path: Path | str) -> list[Scenario]:
             config.validate()
         except PitcheckError as exc:
             raise StressInputError(f"{_where(path, text, here)}: scenario {name!r}: {exc}") from None
+        initial_state = table.get("initial_state", False)
+        if not isinstance(initial_state, bool):
+            raise StressInputError(f"{_where(path, text, here, 'initial_state')}: scenario {name!r}: initial_state "
+                                   f"must be true or false, got {initial_state!r}")
+        if config.steps == 0 and not initial_state:
+            raise StressInputError(f"{_where(path, text, here, 'steps')}: scenario {name!r}: steps = 0 runs no step, "
+                                   "so only the initial state would be judged; give steps >= 1, or "
+                                   "initial_state = true to judge the start alone")
+        if initial_state and config.steps != 0:
+            raise StressInputError(f"{_where(path, text, here, 'initial_state')}: scenario {name!r}: initial_state = "
+                                   f"true judges the start alone, but steps = {config.steps}; give steps = 0")
+        from .trajectory import recorded_steps
+
+        points = sum(1 for st in recorded_steps(config.steps, config.records_per_decade) if st >= 1)
+        for c in checks:
+            if c.kind in ("growth", "growth_floor") and points < MIN_GROWTH_POINTS:
+                key = "budget" if c.kind == "growth" else "floor"
+                raise StressInputError(
+                    f"{_where(path, text, here + [key, 'growth'], c.metric)}: scenario {name!r}: {key}.growth."
+                    f"{c.metric} needs at least {MIN_GROWTH_POINTS} recorded steps from step 1 to fit an exponent; "
+                    f"steps = {config.steps} (records_per_decade = {config.records_per_decade}) records {points}: "
+                    "raise steps")
         out.append(Scenario(name, str(path), config, checks, why, source, requires, ev["require_events"],
-                            ev["forbid_events"]))
+                            ev["forbid_events"], initial_state=initial_state))
     return out
 
 
@@ -345,15 +406,50 @@ def suite_files() -> list[Path]:
     return files
 
 
+def _file_identity(path: Path) -> tuple:
+    """What makes two paths one file: its device and inode when it exists (links, '..'), else its resolved path."""
+    try:
+        st = path.stat()
+        return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", str(path.resolve()))
+
+
+def file_labels(files: list[Path]) -> list[str]:
+    """The files' parts of the scenario ids: the stem, or, for files sharing a stem, as many of their
+    folders before it as tell them apart ('team1/ci', 'team2/ci'). StressInputError if nothing does."""
+    resolved = [f.resolve().with_suffix("") for f in files]
+    labels = [r.name for r in resolved]
+    for stem in {x for x in labels if labels.count(x) > 1}:
+        group = [i for i, x in enumerate(labels) if x == stem]
+        for k in range(2, max(len(resolved[i].parts) for i in group) + 1):
+            cand = {i: "/".join(resolved[i].parts[-k:]).lstrip("/") for i in group}
+            if len(set(cand.values())) == len(group):
+                break
+        else:
+            a, b = next((files[i], files[j]) for i in group for j in group if i < j and cand[i] == cand[j])
+            raise StressInputError(f"{a} and {b}: two scenario files whose names cannot be told apart "
+                                   f"(both {stem}::...); rename one")
+        for i in group:
+            labels[i] = cand[i]
+    return labels
+
+
 def load_scenarios(paths: list[Path | str] | None = None) -> list[Scenario]:
-    """Every scenario of the files (pitcheck's suite when none); names must be unique within a file."""
+    """Every scenario of the files (pitcheck's suite when none), with ids unique across the files.
+    One file given twice (under any spelling or link) is refused."""
     files = [Path(p) for p in paths] if paths else suite_files()
-    out, seen = [], set()
+    seen: dict[tuple, Path] = {}
     for f in files:
+        key = _file_identity(f)
+        if key in seen:
+            also = f" (as {seen[key]} and {f})" if str(seen[key]) != str(f) else ""
+            raise StressInputError(f"{f}: scenario file given twice{also}")
+        seen[key] = f
+    out = []
+    for f, label in zip(files, file_labels(files)):
         for s in load_file(f):
-            if s.id in seen:
-                raise StressInputError(f"{f}: scenario {s.name!r} given twice")
-            seen.add(s.id)
+            s.label = label
             out.append(s)
     return out
 
@@ -362,10 +458,10 @@ def load_scenarios(paths: list[Path | str] | None = None) -> list[Scenario]:
 
 def growth_exponent(rows: list[dict], metric: str) -> float:
     """Least-squares slope of log(metric) against log(step) over the rows from step 1 with a positive,
-    finite value; NaN with fewer than two such rows."""
+    finite value; NaN with fewer than MIN_GROWTH_POINTS such rows."""
     pts = [(math.log(r["step"]), math.log(r[metric])) for r in rows
            if r["step"] >= 1 and math.isfinite(r[metric]) and r[metric] > 0]
-    if len(pts) < 2:
+    if len(pts) < MIN_GROWTH_POINTS:
         return float("nan")
     mx = sum(p[0] for p in pts) / len(pts)
     my = sum(p[1] for p in pts) / len(pts)
@@ -396,7 +492,8 @@ def judge(check: Check, rows: list[dict]) -> CheckResult:
         return CheckResult(check, last[m], last["step"], held, msg)
     p = growth_exponent(rows, m)
     if math.isnan(p):
-        return CheckResult(check, p, None, False, f"{m}: too few positive recorded values from step 1 to fit growth")
+        return CheckResult(check, p, None, False, f"{m}: inconclusive: fewer than {MIN_GROWTH_POINTS} positive, "
+                           "finite recorded values from step 1, so its growth cannot be measured", inconclusive=True)
     held = p <= check.limit if check.kind == "growth" else p >= check.limit
     what = "ceiling" if check.kind == "growth" else "floor"
     msg = "" if held else f"{m} grows like step^{p:.2f}, against a growth exponent {what} of {check.limit:g}"
@@ -440,21 +537,63 @@ def run_scenario(scenario: Scenario, out: Path | str) -> ScenarioResult:
     return res
 
 
+MAX_PLAIN_NAME = 100  # characters of a name kept in its directory name (a file system allows 255 bytes)
+
+
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    """A file or directory name for `name`: the name itself when it is plain ([A-Za-z0-9_.-], not made of
+    dots alone, short); otherwise its plain characters and 8 hex digits of its SHA-256, so that names
+    that differ ('a b' and 'a_b'; 'qr-ü' and 'qr-é'; '..') never map to one directory, nor out of it."""
+    plain = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    if plain.strip(".") == "":
+        plain = plain.replace(".", "_")
+    if plain == name and len(plain) <= MAX_PLAIN_NAME:
+        return plain
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{plain[:MAX_PLAIN_NAME]}-{digest}"
+
+
+def plot_name(run_dir: str | Path, metric: str) -> Path:
+    """Where the plot of a broken budget goes: beside its run directory."""
+    run_dir = Path(run_dir)
+    return run_dir.parent / f"{run_dir.name}-{metric}.png"
+
+
+def layout(scenarios: list[Scenario]) -> list[Path]:
+    """Each scenario's run directory relative to --out (<file>/<name>), checked to be the only user of
+    it and of its plots' paths; StressInputError naming both scenarios otherwise (a plain name can
+    still equal another's hashed one, or another's plot: 'y-orthonormality.png')."""
+    file_dirs: dict[str, str] = {}
+    for s in scenarios:
+        d = _safe(s.file_label)
+        if file_dirs.setdefault(d, s.file_label) != s.file_label:
+            raise StressInputError(f"scenario files {file_dirs[d]!r} and {s.file_label!r} would share the "
+                                   f"directory {d}; rename one")
+    owner: dict[Path, Scenario] = {}
+    dirs = []
+    for s in scenarios:
+        run_dir = Path(_safe(s.file_label)) / _safe(s.name)
+        dirs.append(run_dir)
+        for path in [run_dir, *(plot_name(run_dir, m) for m in dict.fromkeys(c.metric for c in s.checks))]:
+            other = owner.setdefault(path, s)
+            if other is not s:
+                raise StressInputError(f"scenarios {other.id!r} and {s.id!r} would both write {path} under "
+                                       "--out; rename one")
+    return dirs
 
 
 def run_scenarios(scenarios: list[Scenario], out: Path | str, echo=None, threads: int = 1) -> list[ScenarioResult]:
-    """Run each scenario into out/<file stem>/<name>, one after another; `echo(result)` after each.
+    """Run each scenario into out/<file>/<name> (see `layout`), one after another; `echo(result)` after each.
 
     torch and numpy's BLAS are pinned to `threads` first: an unpinned BLAS on a loaded CI machine
     oversubscribes the cores and made small runs 30x slower here."""
     from .bench import pin_threads
 
+    dirs = layout(scenarios)
     pin_threads(threads)
     results = []
-    for s in scenarios:
-        r = run_scenario(s, Path(out) / _safe(Path(s.file).stem) / _safe(s.name))
+    for s, run_dir in zip(scenarios, dirs):
+        r = run_scenario(s, Path(out) / run_dir)
         results.append(r)
         if echo:
             echo(r)
@@ -473,21 +612,21 @@ def rows_of(results: list[ScenarioResult]) -> list[dict]:
     for r in results:
         s = r.scenario
         if r.skipped:
-            out.append(dict(scenario=s.name, file=s.file, metric="-", kind="-", worst=None, step=None, budget=None,
+            out.append(dict(scenario=s.id, file=s.file, metric="-", kind="-", worst=None, step=None, budget=None,
                             headroom="-", status="skipped", source=s.source, message=r.skipped))
             continue
         for c in r.checks:
             label = {"max": c.check.metric, "floor": f"{c.check.metric} (floor)",
                      "growth": f"{c.check.metric} growth", "growth_floor": f"{c.check.metric} growth (floor)"}
-            out.append(dict(scenario=s.name, file=s.file, metric=label[c.check.kind], kind=c.check.kind,
+            out.append(dict(scenario=s.id, file=s.file, metric=label[c.check.kind], kind=c.check.kind,
                             worst=c.value, step=c.step, budget=c.check.limit, headroom=c.headroom,
-                            status="held" if c.held else "BROKEN", source=s.source, message=c.message))
+                            status=c.status, source=s.source, message=c.message))
         for e in r.errors:
-            out.append(dict(scenario=s.name, file=s.file, metric="events", kind="events", worst=None, step=None,
+            out.append(dict(scenario=s.id, file=s.file, metric="events", kind="events", worst=None, step=None,
                             budget=None, headroom="-", status="BROKEN", source=s.source, message=e))
         for n in s.require_events + s.forbid_events:
             if not any(n in e for e in r.errors):
-                out.append(dict(scenario=s.name, file=s.file, metric=f"event {n}", kind="events", worst=None,
+                out.append(dict(scenario=s.id, file=s.file, metric=f"event {n}", kind="events", worst=None,
                                 step=None, budget=("required" if n in s.require_events else "forbidden"),
                                 headroom="-", status="held", source=s.source, message=""))
     return out
@@ -503,6 +642,14 @@ def table(results: list[ScenarioResult]) -> str:
     return "\n".join(lines)
 
 
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    """`text` with every character XML 1.0 cannot hold written as its Python escape (\\x01), so the file parses."""
+    return _NOT_XML.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def junit_xml(results: list[ScenarioResult]) -> bytes:
     """JUnit XML: one testsuite per scenario file, one testcase per check (and per event requirement)."""
     root = ET.Element("testsuites", name="pitcheck stress")
@@ -511,24 +658,25 @@ def junit_xml(results: list[ScenarioResult]) -> bytes:
         by_file.setdefault(r.scenario.file, []).append(r)
     total = {"tests": 0, "failures": 0, "skipped": 0}
     for file, rs in by_file.items():
-        suite = ET.SubElement(root, "testsuite", name=Path(file).stem, file=file)
+        suite = ET.SubElement(root, "testsuite", name=_xml_text(rs[0].scenario.file_label), file=_xml_text(file))
         counts = {"tests": 0, "failures": 0, "skipped": 0}
         t = 0.0
         for r in rs:
             t += r.seconds
-            cls = f"{Path(file).stem}.{r.scenario.name}"
+            cls = _xml_text(f"{r.scenario.file_label}.{r.scenario.name}")
             rows = [x for x in rows_of([r])]
             for x in rows:
-                case = ET.SubElement(suite, "testcase", classname=cls, name=x["metric"],
+                case = ET.SubElement(suite, "testcase", classname=cls, name=_xml_text(x["metric"]),
                                      time=f"{r.seconds / max(1, len(rows)):.3f}")
                 counts["tests"] += 1
                 if x["status"] == "skipped":
-                    ET.SubElement(case, "skipped", message=x["message"])
+                    ET.SubElement(case, "skipped", message=_xml_text(x["message"]))
                     counts["skipped"] += 1
-                elif x["status"] == "BROKEN":
-                    f = ET.SubElement(case, "failure", message=x["message"], type="BudgetBroken")
-                    f.text = (f"{x['message']}\nbudget from: {x['source']}"
-                              + (f"\nwhy: {r.scenario.why}" if r.scenario.why else ""))
+                elif x["status"] in ("BROKEN", "INCONCLUSIVE"):
+                    f = ET.SubElement(case, "failure", message=_xml_text(x["message"]),
+                                      type="BudgetBroken" if x["status"] == "BROKEN" else "Inconclusive")
+                    f.text = _xml_text(f"{x['message']}\nbudget from: {x['source']}"
+                                       + (f"\nwhy: {r.scenario.why}" if r.scenario.why else ""))
                     counts["failures"] += 1
         for k, v in counts.items():
             suite.set(k, str(v))
@@ -546,18 +694,20 @@ def to_json(results: list[ScenarioResult]) -> dict:
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
     return {"held": all(r.held for r in results),
-            "scenarios": [{"scenario": r.scenario.name, "file": r.scenario.file, "source": r.scenario.source,
+            "scenarios": [{"scenario": r.scenario.name, "id": r.scenario.id, "file": r.scenario.file,
+                           "source": r.scenario.source,
                            "why": r.scenario.why, "skipped": r.skipped or None, "seconds": round(r.seconds, 3),
                            "held": r.held if not r.skipped else None, "errors": r.errors,
+                           "initial_state": r.scenario.initial_state,
                            "config": r.scenario.config.to_json(),
                            "checks": [{"metric": c.check.metric, "kind": c.check.kind, "limit": c.check.limit,
                                        "value": clean(c.value), "step": c.step, "held": c.held,
-                                       "message": c.message} for c in r.checks]}
+                                       "status": c.status, "message": c.message} for c in r.checks]}
                           for r in results]}
 
 
-def plot_broken(result: ScenarioResult, out_dir: Path) -> list[Path]:
-    """A PNG per broken metric: its trajectory against its budget (out_dir/<name>-<metric>.png)."""
+def plot_broken(result: ScenarioResult) -> list[Path]:
+    """A PNG per broken metric: its trajectory against its budget, beside the run (<run dir>-<metric>.png)."""
     from .report import _draw, _pyplot, _save_figure
     from .trajectory import read_metrics
 
@@ -586,7 +736,7 @@ def plot_broken(result: ScenarioResult, out_dir: Path) -> list[Path]:
         ax.set_title(f"{result.scenario.name}: {metric} (BROKEN)", fontsize=9)
         ax.set_xlabel("step (0 drawn at 1)")
         ax.legend(fontsize=8)
-        paths.append(_save_figure(plt, fig, out_dir / f"{_safe(result.scenario.name)}-{metric}.png"))
+        paths.append(_save_figure(plt, fig, plot_name(result.run_dir, metric)))
     return paths
 
 
@@ -611,9 +761,56 @@ def add_stress_parser(subparsers) -> argparse.ArgumentParser:
 
 def _writable_file(path: str, flag: str) -> Path:
     try:
-        return check_out_file(path, flag)
+        path = check_out_file(path, flag)
     except PitcheckError as exc:
         raise StressInputError(str(exc)) from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StressInputError(f"{flag} {path} is not writable")
+    return path
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+def check_outputs(args, scenarios: list[Scenario]) -> tuple[Path | None, Path | None, Path | None]:
+    """--junit, --json and --out checked before any scenario runs: each can be created, no two name one
+    file, none is a scenario file given, and neither file lies where the runs go (OUT/<file>/...)."""
+    junit = _writable_file(args.junit, "--junit") if args.junit is not None else None
+    jpath = _writable_file(args.json, "--json") if args.json is not None else None
+    out = None
+    if args.out is not None:
+        try:
+            out = check_out_path(args.out, "--out")
+        except PitcheckError as exc:
+            raise StressInputError(str(exc)) from None
+    files = [("--junit", junit), ("--json", jpath)]
+    given = [(f"scenario file {f}", Path(f)) for f in dict.fromkeys(s.file for s in scenarios)]
+    seen: dict[tuple, str] = {}
+    for what, path in [*given, *files]:
+        if path is None:
+            continue
+        other = seen.setdefault(_file_identity(path), what)
+        if other != what:
+            raise StressInputError(f"{what} {path} names the same file as {other}; give each output its own file")
+    if out is not None:
+        run_roots = {out / Path(d).parts[0] for d in layout(scenarios)}
+        for what, path in files:
+            if path is None:
+                continue
+            if _inside(out, path):
+                raise StressInputError(f"{what} {path} is the --out directory {out} (or holds it); name a file")
+            for root in run_roots:
+                if _inside(path, root):
+                    raise StressInputError(f"{what} {path} lies in {root}, where --out keeps the runs of "
+                                           "scenario files; name a file outside it")
+        for d in layout(scenarios):
+            try:
+                check_out_path(out / d, "--out")
+            except PitcheckError as exc:
+                raise StressInputError(str(exc)) from None
+    return junit, jpath, out
 
 
 def main_stress(args) -> int:
@@ -624,14 +821,14 @@ def main_stress(args) -> int:
     try:
         scenarios = load_scenarios(args.files)
         if args.only:
-            unknown = [n for n in args.only if n not in {s.name for s in scenarios}]
+            # a bare name picks it in every file; a qualified one (ci::name) picks one scenario
+            known = {s.name for s in scenarios} | {s.id for s in scenarios}
+            unknown = [n for n in args.only if n not in known]
             if unknown:
-                return err(f"--only {unknown[0]!r}: no such scenario{_suggest(unknown[0], [s.name for s in scenarios])}")
-            scenarios = [s for s in scenarios if s.name in args.only]
-        junit = _writable_file(args.junit, "--junit") if args.junit else None
-        jpath = _writable_file(args.json, "--json") if args.json else None
-        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-            return err(f"--out {args.out} is a file; name a directory")
+                return err(f"--only {unknown[0]!r}: no such scenario{_suggest(unknown[0], known)}")
+            scenarios = [s for s in scenarios if s.name in args.only or s.id in args.only]
+        junit, jpath, _ = check_outputs(args, scenarios)
+        layout(scenarios)
     except PitcheckError as exc:
         return err(str(exc))
     if args.list:
@@ -640,15 +837,21 @@ def main_stress(args) -> int:
                                + (" (exponent)" if c.kind.startswith("growth") else "") for c in s.checks)
             events = [f"event {n} required" for n in s.require_events] + [f"no {n}" for n in s.forbid_events]
             print(f"{s.id}  [{s.source}]  {', '.join(x for x in [checks, *events] if x)}"
+                  + ("  (initial state only)" if s.initial_state else "")
                   + ("  (needs CUDA)" if s.requires == "cuda" else ""))
         return 0
     tmp = None
-    out = Path(args.out) if args.out else Path(tmp := tempfile.mkdtemp(prefix="pitcheck-stress-"))
+    out = Path(args.out) if args.out is not None else Path(tmp := tempfile.mkdtemp(prefix="pitcheck-stress-"))
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return err(f"cannot create --out {out}: {exc.strerror or exc}")
 
         def echo(r: ScenarioResult) -> None:
             status = "skipped (" + r.skipped + ")" if r.skipped else ("held" if r.held else "BROKEN")
+            if r.scenario.initial_state and not r.skipped:
+                status += " (initial state only: no step run)"
             print(f"{r.scenario.id}: {status}  {r.seconds:.1f} s", file=sys.stderr, flush=True)
 
         try:
@@ -658,29 +861,36 @@ def main_stress(args) -> int:
         print(table(results))
         broken = [r for r in results if not r.skipped and not r.held]
         plots = []
-        if args.out:
+        if args.out is not None:
             for r in broken:
-                plots += plot_broken(r, out)
-        if junit:
-            junit.write_bytes(junit_xml(results))
-        if jpath:
-            jpath.write_text(json.dumps(to_json(results), indent=2) + "\n")
+                plots += plot_broken(r)
+        for path, data in ((junit, lambda: junit_xml(results)),
+                           (jpath, lambda: (json.dumps(to_json(results), indent=2) + "\n").encode())):
+            if path is not None:
+                try:
+                    path.write_bytes(data())
+                except OSError as exc:
+                    return err(f"cannot write {path}: {exc.strerror or exc}")
         n_checks = sum(len(r.checks) for r in results)
         if broken:
             for r in broken:
                 for c in r.checks:
                     if not c.held:
-                        print(f"BROKEN {r.scenario.id}: {c.message} (budget from {r.scenario.source}"
+                        print(f"{c.status} {r.scenario.id}: {c.message} (budget from {r.scenario.source}"
                               + (f"; {r.scenario.why}" if r.scenario.why else "") + ")", file=sys.stderr)
                 for e in r.errors:
                     print(f"BROKEN {r.scenario.id}: {e}", file=sys.stderr)
             for p in plots:
                 print(f"plot: {p}", file=sys.stderr)
-            print(f"{len(broken)} of {len(results)} scenarios broke a budget", file=sys.stderr)
+            unjudged = sum(1 for r in broken if any(c.inconclusive for c in r.checks))
+            print(f"{len(broken)} of {len(results)} scenarios broke a budget"
+                  + (f" or could not be judged ({unjudged} inconclusive)" if unjudged else ""), file=sys.stderr)
             return 1
         skipped = sum(1 for r in results if r.skipped)
+        at_start = sum(1 for r in results if not r.skipped and r.scenario.initial_state)
+        notes = [f"{skipped} skipped"] * bool(skipped) + [f"{at_start} judged at step 0 only (initial_state)"] * bool(at_start)
         print(f"all {n_checks} budgets held in {len(results) - skipped} scenarios"
-              + (f" ({skipped} skipped)" if skipped else ""), file=sys.stderr)
+              + (f" ({'; '.join(notes)})" if notes else ""), file=sys.stderr)
         return 0
     finally:
         if tmp:
