@@ -776,7 +776,9 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def check_outputs(args, scenarios: list[Scenario]) -> tuple[Path | None, Path | None, Path | None]:
     """--junit, --json and --out checked before any scenario runs: each can be created, no two name one
-    file, none is a scenario file given, and neither file lies where the runs go (OUT/<file>/...)."""
+    file, none is a scenario file given, and neither file lies where the runs go (OUT/<file>/...).
+    The scenarios' run directories are checked to be distinct (`layout`) even without --out."""
+    dirs = layout(scenarios)
     junit = _writable_file(args.junit, "--junit") if args.junit is not None else None
     jpath = _writable_file(args.json, "--json") if args.json is not None else None
     out = None
@@ -795,7 +797,7 @@ def check_outputs(args, scenarios: list[Scenario]) -> tuple[Path | None, Path | 
         if other != what:
             raise StressInputError(f"{what} {path} names the same file as {other}; give each output its own file")
     if out is not None:
-        run_roots = {out / Path(d).parts[0] for d in layout(scenarios)}
+        run_roots = {out / d.parts[0] for d in dirs}
         for what, path in files:
             if path is None:
                 continue
@@ -805,7 +807,7 @@ def check_outputs(args, scenarios: list[Scenario]) -> tuple[Path | None, Path | 
                 if _inside(path, root):
                     raise StressInputError(f"{what} {path} lies in {root}, where --out keeps the runs of "
                                            "scenario files; name a file outside it")
-        for d in layout(scenarios):
+        for d in dirs:
             try:
                 check_out_path(out / d, "--out")
             except PitcheckError as exc:
@@ -828,7 +830,6 @@ def main_stress(args) -> int:
                 return err(f"--only {unknown[0]!r}: no such scenario{_suggest(unknown[0], known)}")
             scenarios = [s for s in scenarios if s.name in args.only or s.id in args.only]
         junit, jpath, _ = check_outputs(args, scenarios)
-        layout(scenarios)
     except PitcheckError as exc:
         return err(str(exc))
     if args.list:
@@ -888,7 +889,8 @@ def main_stress(args) -> int:
             return 1
         skipped = sum(1 for r in results if r.skipped)
         at_start = sum(1 for r in results if not r.skipped and r.scenario.initial_state)
-        notes = [f"{skipped} skipped"] * bool(skipped) + [f"{at_start} judged at step 0 only (initial_state)"] * bool(at_start)
+        notes = [n for n, count in ((f"{skipped} skipped", skipped),
+                                    (f"{at_start} judged at step 0 only (initial_state)", at_start)) if count]
         print(f"all {n_checks} budgets held in {len(results) - skipped} scenarios"
               + (f" ({'; '.join(notes)})" if notes else ""), file=sys.stderr)
         return 0

@@ -139,6 +139,14 @@ def test_names_that_sanitise_alike_get_their_own_directories(tmp_path, capsys, n
     assert sorted(s["scenario"] for s in doc["scenarios"]) == sorted(names)
 
 
+def test_names_longer_than_a_file_name_get_distinct_short_directories(tmp_path):
+    names = ["x" * 300, "x" * 300 + "y"]
+    f = _write(tmp_path / "s.toml", "".join(tiny(json.dumps(n)) for n in names))
+    results = stress.run_scenarios(stress.load_scenarios([f]), tmp_path / "o")
+    assert len({r.run_dir for r in results}) == 2 and all(len(Path(r.run_dir).name) < 120 for r in results)
+    assert len(_run_dirs(tmp_path / "o")) == 2
+
+
 def test_plain_names_keep_their_directory_name(tmp_path):
     f = _write(tmp_path / "s.toml", tiny('"qr-fp64_1.0"'))
     [r] = stress.run_scenarios(stress.load_scenarios([f]), tmp_path / "o")
