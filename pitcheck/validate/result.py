@@ -125,9 +125,9 @@ def check_output_path(path: str | None, option: str) -> None:
 def check_outputs(json_path: str | None = None, report: str | None = None, junit: str | None = None) -> None:
     """Every output of a validation, before it runs: each writable, no two naming one file."""
     outputs = (("--json", json_path), ("--report", report), ("--junit", junit))
+    check_distinct_outputs(outputs)
     for option, path in outputs:
         check_output_path(path, option)
-    check_distinct_outputs(outputs)
 
 
 def _fmt(x) -> str:
