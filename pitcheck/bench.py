@@ -275,18 +275,48 @@ def tracking_fraction(results: list[dict], steps_list=(300, 2000)) -> list[dict]
     return out
 
 
+def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[str]]:
+    """The shapes and retractions to time (None: the defaults), refused before anything is timed when a
+    list is empty, names something that is not a retraction, or repeats an entry (it would be timed twice
+    and give two rows of one name)."""
+    from .retractions import RETRACTIONS
+
+    timed = [n for n in RETRACTIONS if n != "none"]  # 'none' leaves Z as it is: nothing to time
+    if retractions is None:
+        names = timed
+    else:
+        names = list(retractions)
+        if not names:
+            raise PitcheckError("--retractions is empty: name at least one of " + ", ".join(timed))
+        for n in names:
+            if n not in timed:
+                what = ("'none' is the baseline without a retraction, not a retraction: nothing to time"
+                        if n == "none" else f"unknown retraction {n!r}")
+                raise PitcheckError(f"--retractions: {what}; choose from {', '.join(timed)}")
+        if len(set(names)) < len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise PitcheckError(f"--retractions: {twice} given twice; name each retraction once")
+    if shapes is None:
+        shapes = QUICK_SHAPES if quick else FULL_SHAPES
+    else:
+        shapes = [tuple(s) for s in shapes]
+        if not shapes:
+            raise PitcheckError("--shape: no shapes given")
+        if len(set(shapes)) < len(shapes):
+            V, D = next(s for s in shapes if shapes.count(s) > 1)
+            raise PitcheckError(f"--shape {V}x{D} given twice; name each shape once")
+    return shapes, names
+
+
 def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
               steps: bool = True, echo=None) -> dict:
     """Time every retraction, peer, full step and metrics record at each shape, against Z^T Z of the
     same shape and dtype timed in the same interleaved rounds. Returns the JSON document."""
     import torch
 
-    from .retractions import RETRACTIONS
-
     mode = "quick" if quick else "full"
-    shapes = shapes or (QUICK_SHAPES if quick else FULL_SHAPES)
+    shapes, names = bench_inputs(shapes, retractions, quick)
     rounds = rounds or (5 if quick else 9)
-    names = [n for n in (retractions or RETRACTIONS) if n != "none"]
     pinned = pin_threads(1)
     results, notes = [], []
     for V, D in shapes:
@@ -469,35 +499,53 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write {machine, results: [{retraction, precision, vocab, dim, ms, "
                                                   "gemm_ms, ratio, peer}], ...}")
     p.add_argument("--out", metavar="DIR", help="write report.md, bench.json and bench.png here")
-    p.add_argument("--shape", type=_shape, action="append", metavar="VxD", help="shapes to time (repeatable)")
+    p.add_argument("--shape", type=_shape, action="append", metavar="VxD",
+                   help="a shape to time (repeatable; a shape given twice is refused)")
     p.add_argument("--rounds", type=int, help="interleaved rounds (minimum taken); default 5 quick, 9 full")
-    p.add_argument("--retractions", help="comma-separated subset (default: all)")
+    p.add_argument("--retractions", help="comma-separated subset, each named once (default: all but none)")
     p.add_argument("--no-peers", action="store_true", help="skip torch/geoopt/geotorch peers")
     p.add_argument("--no-steps", action="store_true", help="skip full steps and metrics records")
     p.set_defaults(func=main_bench)
     return p
 
 
+BENCH_OUT_FILES = ("report.md", "bench.json", "bench.png")
+
+
+def check_bench_outputs(json_path, out) -> None:
+    """--json and the files of --out, each writable and no two the same file, before anything is timed."""
+    from .rundir import check_distinct_outputs, check_out_file, check_out_path
+
+    outputs = [("--json", json_path)]
+    if out is not None:
+        outputs += [("--out", out)] + [(f"--out's {name}", Path(out) / name) for name in BENCH_OUT_FILES]
+    check_distinct_outputs(outputs)
+    if json_path is not None:
+        check_out_file(json_path, "--json")
+    if out is not None:
+        out = check_out_path(out, "--out")
+        if out.is_dir():
+            for option, path in outputs[2:]:
+                check_out_file(path, option)
+
+
 def main_bench(args) -> int:
-    from .retractions import RETRACTIONS
+    from .rundir import write_atomic
 
     def err(msg):
         print(f"pitcheck bench: error: {msg}", file=sys.stderr)
         return 2
 
-    names = None
-    if args.retractions:
-        names = [n.strip() for n in args.retractions.split(",") if n.strip()]
-        bad = [n for n in names if n not in RETRACTIONS]
-        if bad or not names:
-            return err(f"--retractions: unknown retraction {bad[0] if bad else ''!r}; choose from {', '.join(RETRACTIONS)}")
-    if args.rounds is not None and args.rounds < 1:
-        return err(f"--rounds must be >= 1, got {args.rounds}")
-    for flag, path in (("--json", args.json),):
-        if path and (Path(path).is_dir() or not Path(path).parent.exists()):
-            return err(f"{flag} {path}: not a writable file path")
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        return err(f"--out {args.out} is a file; name a directory")
+    try:
+        names = None
+        if args.retractions is not None:  # '' is an empty list, refused, not the default
+            names = [n.strip() for n in args.retractions.split(",") if n.strip()]
+        if args.rounds is not None and args.rounds < 1:
+            return err(f"--rounds must be >= 1, got {args.rounds}")
+        bench_inputs(args.shape, names, args.quick)
+        check_bench_outputs(args.json, args.out)
+    except PitcheckError as exc:
+        return err(str(exc))
 
     def echo(V, D, rows):
         print(f"{V} x {D}: " + ", ".join(f"{r['retraction']} {r['ratio']:.3g}" for r in rows), file=sys.stderr,
@@ -506,19 +554,22 @@ def main_bench(args) -> int:
     try:
         doc = run_bench(args.shape, quick=args.quick, rounds=args.rounds, retractions=names,
                         peers=not args.no_peers, steps=not args.no_steps, echo=echo)
+        text = report(doc)
+        print(text)
+        payload = (json.dumps(doc, indent=2) + "\n").encode()
+        if args.json:
+            write_atomic(args.json, payload)
+        if args.out:
+            out = Path(args.out)
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise PitcheckError(f"cannot create {out}: {exc.strerror or exc}") from None
+            write_atomic(out / "report.md", (text + "\n").encode())
+            write_atomic(out / "bench.json", payload)
+            plot(doc, out / "bench.png")
     except PitcheckError as exc:
         return err(str(exc))
-    text = report(doc)
-    print(text)
-    payload = json.dumps(doc, indent=2) + "\n"
-    if args.json:
-        Path(args.json).write_text(payload)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.md").write_text(text + "\n")
-        (out / "bench.json").write_text(payload)
-        plot(doc, out / "bench.png")
     return 0
 
 

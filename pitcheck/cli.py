@@ -79,12 +79,25 @@ def _lm_over(args) -> dict:
     return over
 
 
+def package_version() -> str:
+    """The installed distribution's version; pitcheck.__version__ when run from a tree not installed."""
+    from importlib import metadata
+
+    from . import __version__
+
+    try:
+        return metadata.version("pitcheck")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .policy import POLICIES
     from .retractions import RETRACTIONS
     from .trajectory import RunConfig as DEFAULTS
 
     parser = argparse.ArgumentParser(prog="pitcheck", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="simulate one trajectory and write a run directory")
@@ -109,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("plot", help="plot metrics of run directories against step")
     g.add_argument("runs", nargs="+")
     g.add_argument("--metrics", default="orthonormality,pinv_drift,trisolve_forward")
-    g.add_argument("--out", required=True, help="PNG file")
+    g.add_argument("--out", required=True, help="figure file: .png, .svg or .pdf (no suffix: PNG)")
 
     v = sub.add_parser("validate", help="judge a third-party PIT implementation (module:factory) against the reference")
     _add_validate_options(v)
@@ -242,15 +255,15 @@ def _main(argv: list[str] | None) -> int:
             return args.func(args)
         elif args.command == "validate":
             from .validate import validate
-            from .validate.result import check_output_path
+            from .validate.result import check_outputs
 
-            for option, path in (("--json", args.json), ("--report", args.report), ("--junit", args.junit)):
-                check_output_path(path, option)
+            check_outputs(args.json, args.report, args.junit)
             result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
                               steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout)
-            result.write(args.json, args.report, args.junit)
+            # the verdict is printed first: an output that still cannot be written loses nothing else
             print(result.table())
             print(result.summary(), file=sys.stderr if result.fatal else sys.stdout)
+            result.write(args.json, args.report, args.junit)
             return result.exit_status
     except RunBreakdown as exc:
         print(f"pitcheck: breakdown: {exc}", file=sys.stderr)

@@ -29,21 +29,39 @@ def _draw(ax, rows: list[dict], metric: str, label: str) -> None:
     ax.loglog(steps, np.maximum(vals, 1e-17), marker=".", label=label)
 
 
+# plot --out's format follows its suffix; a path without one (/dev/null, /dev/stdout) gets a PNG
+FIGURE_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
+# no timestamps in the files: the same plot, the same bytes
+FIGURE_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
+
+
+def figure_format(path: Path | str, option: str = "--out") -> str:
+    """The format a figure's file name asks for (png, svg or pdf, from its suffix); any other is refused."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in FIGURE_FORMATS:
+        raise PitcheckError(f"{option} {path}: cannot draw a {suffix} file; name a .png, .svg or .pdf file")
+    return FIGURE_FORMATS[suffix]
+
+
 def _save_figure(plt, fig, path: Path) -> Path:
+    fmt = figure_format(path)
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=110, format="png")
+    fig.savefig(buf, dpi=110, format=fmt, metadata=FIGURE_METADATA[fmt])
     plt.close(fig)
     write_atomic(path, buf.getvalue())
     return path
 
 
 def check_png_path(path: Path | str) -> Path:
-    """A PNG file we can write (rundir.check_out_file)."""
-    return check_out_file(path, "--out")
+    """A figure file we can write (rundir.check_out_file), of a format we draw (figure_format)."""
+    path = check_out_file(path, "--out")
+    figure_format(path)
+    return path
 
 
 def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str]) -> Path:
-    """Any metrics of any runs against step, one panel per metric, a line per run."""
+    """Any metrics of any runs against step, one panel per metric, a line per run; a PNG, SVG or PDF file
+    as out_png's suffix says."""
     out_png = check_png_path(out_png)
     unknown = [m for m in metrics if m not in METRIC_COLUMNS[1:]]
     if not metrics or unknown:

@@ -24,6 +24,8 @@ import json
 import os
 import shutil
 import socket
+import stat
+import sys
 import zipfile
 from pathlib import Path
 
@@ -89,14 +91,70 @@ def _unlink_quietly(path: Path) -> None:
         pass
 
 
+def _stat(path: Path) -> os.stat_result | None:
+    """os.stat through every link (/dev/stdout's /proc/self/fd/1 included); None for a path not there yet."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _standard_stream(st: os.stat_result | None) -> int | None:
+    """1 or 2 when st is the file this process's stdout or stderr writes (/dev/stdout, or the file stdout is
+    redirected to), else None: such an output goes through that stream, after what was printed before."""
+    if st is None:
+        return None
+    for fd in (1, 2):
+        try:
+            fst = os.fstat(fd)
+        except OSError:
+            continue
+        if (fst.st_dev, fst.st_ino) == (st.st_dev, st.st_ino):
+            return fd
+    return None
+
+
+def _write_stream(fd: int, data: bytes) -> None:
+    for stream in (sys.stdout, sys.stderr):  # what is already printed comes first
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_atomic(path: Path | str, data: bytes) -> None:
-    """Replace one file atomically (write PATH.tmp, fsync, rename); on failure no .tmp is left behind."""
+    """Replace one file atomically (write PATH.tmp, fsync, rename); on failure no .tmp is left behind.
+
+    Only a regular file or a new path is replaced, and a symbolic link is followed: its target is replaced,
+    the link stays a link. A character device (/dev/null) or a FIFO is written in place, as `>` in a shell
+    would (a rename would replace the device node itself), and /dev/stdout, /dev/stderr or the file either
+    is redirected to is written through that stream, after what was printed before.
+    """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    try:
+        st = _stat(path)
+        fd = _standard_stream(st)
+        if fd is not None:
+            _write_stream(fd, data)
+            return
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise PitcheckError(f"cannot write {path}: it is a directory")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(path, "wb") as f:  # no fsync: a device or FIFO has none
+                f.write(data)
+            return
+    except OSError as exc:
+        raise _oserror("write", path, exc) from None
+    # the link's final target (of a dangling link: the file to create)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    tmp = target.with_name(target.name + ".tmp")
     try:
         _write_durable(tmp, data)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
     except OSError as exc:
         _unlink_quietly(tmp)
         raise _oserror("write", path, exc) from None
@@ -111,18 +169,63 @@ def sha256(data: bytes) -> str:
 
 def check_out_file(path: Path | str, option: str = "--out") -> Path:
     """A file we may write: not '', not a directory, in a directory that exists and is writable.
-    Checked before the work that produces it, so nothing computed is thrown away."""
+    Checked before the work that produces it, so nothing computed is thrown away.
+
+    As write_atomic writes it: a symbolic link is judged by its target; a character device or FIFO
+    (/dev/null, /dev/stdout) must itself be writable."""
     if str(path).strip() == "":
         raise PitcheckError(f"{option} is empty: name a file")
     path = Path(path)
-    if path.is_dir():
+    try:
+        st = _stat(path)
+    except OSError as exc:
+        raise PitcheckError(f"{option} {path}: {exc.strerror or exc}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise PitcheckError(f"{option} {path} is a directory, not a file")
-    parent = path.parent
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) and _standard_stream(st) is None:
+            raise PitcheckError(f"{option} {path} is neither a regular file nor a character device or FIFO")
+        if not os.access(path, os.W_OK):
+            raise PitcheckError(f"{option} {path} is not writable")
+        return path
+    parent = (Path(os.path.realpath(path)) if path.is_symlink() else path).parent
     if not parent.is_dir():
         raise PitcheckError(f"{option} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PitcheckError(f"{option} {path}: directory {parent} is not writable")
     return path
+
+
+def output_identity(path: Path | str) -> tuple | None:
+    """What writing an output replaces: the regular file it names (through links) or the new file it
+    creates; None when it replaces nothing (a device, a FIFO, the standard streams: written in place)."""
+    path = Path(path)
+    try:
+        st = _stat(path)
+    except OSError:
+        st = None
+    if st is None:
+        return ("new", os.path.realpath(path))
+    if _standard_stream(st) is not None or not stat.S_ISREG(st.st_mode):
+        return None
+    return ("file", st.st_dev, st.st_ino)
+
+
+def check_distinct_outputs(outputs) -> None:
+    """Refuse two outputs, (option, path) pairs, that name one file: the later write would silently replace
+    the earlier. Paths are compared after resolving links and '..' (an existing file by device and inode).
+    /dev/null, /dev/stdout and other devices or FIFOs may take several outputs: each is written after the
+    other, nothing is replaced."""
+    seen: dict[tuple, str] = {}
+    for option, path in outputs:
+        if path is None or str(path).strip() == "":
+            continue
+        key = output_identity(path)
+        if key is None:
+            continue
+        if key in seen:
+            raise PitcheckError(f"{option} {path} names the file {seen[key]} writes: give each output its own file")
+        seen[key] = option
 
 
 def check_out_path(path: Path | str, option: str = "--out") -> Path:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pitcheck import bench
+from pitcheck import PitcheckError, bench
 
 
 def _args(**kw):
@@ -123,3 +123,59 @@ def test_bad_input_exits_2(kw, what, capsys):
 def test_bad_shape_is_refused():
     with pytest.raises(SystemExit):
         _args(shape=["8192by128"])
+
+
+def _not_timed(*args, **kw):
+    raise AssertionError("something was timed: the input should have been refused first")
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(retractions="none"), "'none' is the baseline without a retraction"),  # was an empty table
+    (dict(retractions=""), "--retractions is empty"),  # was every retraction
+    (dict(retractions=" , "), "--retractions is empty"),
+    (dict(retractions="qr,cayley,qr"), "qr given twice"),
+    (dict(shape=["256x4", "512x8", "256x4"]), "--shape 256x4 given twice"),  # was timed twice
+])
+def test_bench_lists_are_refused_before_anything_is_timed(kw, what, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_bench", _not_timed)
+    argv = dict(shape=["256x4"], rounds=1, no_peers=True, no_steps=True)
+    assert bench.main_bench(_args(**{**argv, **kw})) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pitcheck bench: error:") and what in err and "\n" not in err
+
+
+@pytest.mark.parametrize("kw, what", [(dict(retractions=["none"]), "'none'"), (dict(retractions=[]), "empty"),
+                                      (dict(shapes=[(256, 4), (256, 4)]), "given twice"),
+                                      (dict(shapes=[]), "no shapes")])
+def test_run_bench_refuses_the_same_lists(kw, what, monkeypatch):
+    monkeypatch.setattr(bench, "time_interleaved", _not_timed)
+    with pytest.raises(PitcheckError, match=what):
+        bench.run_bench(**{"shapes": [(256, 4)], **kw})
+
+
+@pytest.mark.parametrize("made", [False, True])
+@pytest.mark.parametrize("clash", ["bench.json", "report.md", "bench.png", "."])
+def test_bench_outputs_naming_one_file_are_refused_before_timing(tmp_path, clash, made, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_bench", _not_timed)
+    out = tmp_path / "o"
+    if made:
+        out.mkdir()
+    json_path = out / clash if clash != "." else out  # "." : --json the --out directory itself
+    assert bench.main_bench(_args(shape=["256x4"], json=json_path, out=out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert ("--json" in err and ("--out" in err or made and "is a directory" in err)) and "\n" not in err
+    assert out.exists() == made
+    assert not made or not any(out.iterdir())
+
+
+def test_bench_outputs_that_cannot_be_written_are_refused_before_timing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_bench", _not_timed)
+    (tmp_path / "o" / "bench.png").mkdir(parents=True)
+    (tmp_path / "file").write_text("x")
+    for kw, what in [(dict(out=tmp_path / "o"), "bench.png is a directory"),
+                     (dict(json=tmp_path / "missing" / "b.json"), "does not exist"),
+                     (dict(json=tmp_path), "is a directory"),
+                     (dict(out=tmp_path / "file" / "sub"), "is a file")]:
+        assert bench.main_bench(_args(shape=["256x4"], **kw)) == 2
+        err = capsys.readouterr().err.strip()
+        assert what in err and "\n" not in err

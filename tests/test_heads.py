@@ -47,3 +47,29 @@ def test_bad_head_options_are_clear(tmp_path, capsys):
     assert cli.main(["run", "--head", "tied", "--vocab", "50", "--dim", "4", "--steps", "3",
                      "--out", str(tmp_path / "c")]) == 0
     assert read_metrics(tmp_path / "c" / "metrics.csv")[-1]["step"] == 3
+
+
+def _never(*args, **kw):
+    raise AssertionError("a sweep ran: the input should have been refused first")
+
+
+@pytest.mark.parametrize("reference", ["lm", "gaussian,lm", "adaptive+lm", "gaussian+lm"])
+def test_heads_reference_of_the_lm_source_is_refused_before_running(tmp_path, reference, monkeypatch, capsys):
+    """Its cells were labelled 'lm' and mixed into the real-training table."""
+    import pitcheck.sweep
+
+    monkeypatch.setattr(pitcheck.sweep, "compare", _never)
+    assert cli.main(["heads", "--reference", reference, "--out", str(tmp_path / "h"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--reference" in err[0] and "lm" in err[0]
+    assert not (tmp_path / "h").exists()
+
+
+def test_heads_outputs_that_cannot_be_written_are_refused_before_running(tmp_path, monkeypatch, capsys):
+    import pitcheck.sweep
+
+    monkeypatch.setattr(pitcheck.sweep, "compare", _never)
+    (tmp_path / "h" / "heads.csv").mkdir(parents=True)
+    assert cli.main(["heads", "--reference", "none", "--out", str(tmp_path / "h"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "heads.csv is a directory" in err[0]

@@ -161,3 +161,103 @@ def test_out_paths(tmp_path, monkeypatch):
     monkeypatch.setattr(rundir.os, "access", lambda p, mode: False)
     with pytest.raises(PitcheckError, match="not writable"):
         rundir.check_out_path(tmp_path / "new")
+
+
+# ---- write_atomic and output paths: replace regular files only ---------------------------------------
+def _null_device(tmp_path):
+    """A character device like /dev/null, made in tmp_path (never the machine's own)."""
+    import os
+    import stat
+
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        with open(node, "wb"):
+            pass
+    except OSError as exc:  # not root, or a file system mounted nodev
+        pytest.skip(f"cannot make a device node here: {exc.strerror}")
+    return node
+
+
+def test_write_atomic_writes_a_device_in_place(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    node = _null_device(tmp_path)
+    rundir.write_atomic(node, b"swallowed")
+    assert stat.S_ISCHR(os.stat(node).st_mode) and not (tmp_path / "null.tmp").exists()
+    # /dev is not writable by users; /dev/null is: a device is judged by itself, not by its directory
+    monkeypatch.setattr(rundir.os, "access", lambda p, mode: os.path.samefile(p, node))
+    assert rundir.check_out_file(node, "--json") == node
+
+
+def test_write_atomic_writes_a_fifo_in_place(tmp_path):
+    import os
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader waiting, so opening to write does not block
+    try:
+        rundir.write_atomic(fifo, b"through the pipe\n")
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+        assert os.read(reader, 100) == b"through the pipe\n"
+    finally:
+        os.close(reader)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_write_atomic_through_a_link_replaces_its_target_and_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "r.json"
+    target.write_text("old")
+    link = tmp_path / "r.json"
+    link.symlink_to(target)
+    rundir.write_atomic(link, b"new")
+    assert link.is_symlink() and target.read_bytes() == b"new"
+    dangling = tmp_path / "d.json"
+    dangling.symlink_to(tmp_path / "real" / "created.json")
+    rundir.write_atomic(dangling, b"made")
+    assert dangling.is_symlink() and (tmp_path / "real" / "created.json").read_bytes() == b"made"
+    # a link into a directory that does not exist is refused before the work, like the path itself
+    broken = tmp_path / "b.json"
+    broken.symlink_to(tmp_path / "missing" / "x.json")
+    with pytest.raises(PitcheckError, match="does not exist"):
+        rundir.check_out_file(broken, "--json")
+    with pytest.raises(PitcheckError, match="is a directory"):
+        rundir.write_atomic(tmp_path / "real", b"x")
+
+
+@pytest.mark.parametrize("redirect", ["pipe", "file"])
+def test_write_atomic_to_stdout_goes_through_the_stream_in_order(tmp_path, redirect):
+    """/dev/stdout (here a link to /proc/self/fd/1 in tmp_path: never the machine's /dev) is written through
+    the process's stdout, after what it printed before, whether stdout is a pipe or a file."""
+    import subprocess
+    import sys
+
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    code = ("import sys; from pitcheck.rundir import write_atomic, check_out_file; print('table', flush=False); "
+            f"check_out_file({str(link)!r}); write_atomic({str(link)!r}, b'json\\n'); print('summary')")
+    if redirect == "pipe":
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
+    else:
+        with open(tmp_path / "out.txt", "wb") as f:
+            subprocess.run([sys.executable, "-c", code], stdout=f, check=True)
+        out = (tmp_path / "out.txt").read_bytes()
+    assert out == b"table\njson\nsummary\n"
+    assert link.is_symlink()
+
+
+def test_distinct_outputs(tmp_path):
+    import os
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "r").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "r")
+    for a, b in [("r", "r"), ("r", "sub/../r"), ("r", "link"), ("new", "sub/../new")]:
+        with pytest.raises(PitcheckError, match="--report .* names the file --json writes"):
+            rundir.check_distinct_outputs([("--json", tmp_path / a), ("--report", tmp_path / b)])
+    rundir.check_distinct_outputs([("--json", tmp_path / "r"), ("--report", tmp_path / "new"), ("--junit", None)])
+    os.mkfifo(tmp_path / "fifo")  # written in place: nothing is replaced, so it may take two outputs
+    rundir.check_distinct_outputs([("--json", tmp_path / "fifo"), ("--report", tmp_path / "fifo")])

@@ -194,14 +194,46 @@ def plot_heads(out: Path, table: list[dict]) -> list[str]:
     return _save(plt, fig, out, "heads")
 
 
+HEADS_FILES = ("heads.csv", "heads.md", "heads.png", "heads.svg")
+
+
+def refuse_lm_reference(adversaries) -> None:
+    """The reference cells are driven by adversaries, beside the real training; the lm source is that
+    training (the lm cells): a reference cell using it was labelled 'lm' and mixed into their table."""
+    from ..sweep import adversary_label, adversary_spec
+    from . import uses_lm
+
+    for adversary in adversaries:
+        spec = adversary_spec(adversary)
+        if uses_lm(spec):
+            raise PitcheckError(f"--reference {adversary_label(spec)}: the reference cells are driven by adversaries; "
+                                "the lm source is the real training the lm cells already run, not a reference")
+
+
+def check_heads_inputs(out: Path | str, reference_grid) -> Path:
+    """Before any cell runs: the reference names adversaries only, and every output can be written.
+
+    The lm source is the real training, the table's first part; a reference cell driven by it would be
+    labelled as real training and mixed into that part."""
+    from ..rundir import check_out_file, check_out_path
+
+    if reference_grid is not None:
+        refuse_lm_reference(reference_grid.axes["adversary"])
+    out = check_out_path(out)
+    if out.is_dir():
+        for name in HEADS_FILES:
+            check_out_file(out / name, f"--out's {name}")
+    return out
+
+
 def heads(out: Path | str, grid, reference_grid=None, workers: int | None = None, force: bool = False,
           progress: bool | None = None) -> dict:
     """Sweep the lm heads grid into out (and the reference grid into out/reference), then write heads.csv,
     heads.md and heads.{png,svg}. Returns the table (without curves) and the sweeps' timing."""
-    from ..rundir import check_out_path, write_atomic
+    from ..rundir import write_atomic
     from ..sweep import compare
 
-    out = check_out_path(out)
+    out = check_heads_inputs(out, reference_grid)
     info = compare(out / "lm", grid, workers=workers, force=force, progress=progress)
     ref_out, ref_info = None, None
     if reference_grid is not None:
@@ -242,6 +274,7 @@ def main_heads(args) -> int:
     grid = heads_grid(retractions=items(args.retractions, "--retractions"), teacher=args.teacher, **common)
     reference = None
     if args.reference != "none":
+        refuse_lm_reference(items(args.reference, "--reference"))
         reference = heads_grid(retractions=items(args.retractions, "--retractions"), heads=("pit",),
                                adversaries=items(args.reference, "--reference"), **common)
     progress = False if args.no_progress else None
@@ -264,7 +297,8 @@ def add_heads_parser(sub) -> None:
     h.add_argument("--precisions", default="fp32,bf16-mixed")
     h.add_argument("--retractions", default="qr,cayley", help="PIT's retractions (comma-separated)")
     h.add_argument("--reference", default="adaptive,dense_output+sparse_input",
-                   help="adversaries of the PIT reference cells (comma-separated; '+' sums models), or none")
+                   help="adversaries of the PIT reference cells (comma-separated; '+' sums models; not lm, which "
+                   "the lm cells run), or none")
     h.add_argument("--steps", type=int, default=600)
     h.add_argument("--vocab", type=int, default=1024)
     h.add_argument("--dim", type=int, default=32)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from ..rundir import check_out_file, write_atomic
+from ..rundir import check_distinct_outputs, check_out_file, write_atomic
 from .checks import CheckResult
 
 EXIT_PASS, EXIT_FAIL, EXIT_TARGET = 0, 1, 2
@@ -120,6 +120,14 @@ def check_output_path(path: str | None, option: str) -> None:
     """Refuse an output path that cannot be written before the validation runs, not after."""
     if path:
         check_out_file(path, option)
+
+
+def check_outputs(json_path: str | None = None, report: str | None = None, junit: str | None = None) -> None:
+    """Every output of a validation, before it runs: each writable, no two naming one file."""
+    outputs = (("--json", json_path), ("--report", report), ("--junit", junit))
+    check_distinct_outputs(outputs)
+    for option, path in outputs:
+        check_output_path(path, option)
 
 
 def _fmt(x) -> str:
