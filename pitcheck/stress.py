@@ -58,7 +58,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from .errors import PitcheckError
-from .rundir import check_out_file, check_out_path
+from .rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
 
 __all__ = ["Check", "Scenario", "ScenarioResult", "StressInputError", "load_scenarios", "run_scenario",
            "run_scenarios", "suite_files", "table", "junit_xml", "add_stress_parser", "main_stress"]
@@ -789,13 +789,10 @@ def check_outputs(args, scenarios: list[Scenario]) -> tuple[Path | None, Path | 
             raise StressInputError(str(exc)) from None
     files = [("--junit", junit), ("--json", jpath)]
     given = [(f"scenario file {f}", Path(f)) for f in dict.fromkeys(s.file for s in scenarios)]
-    seen: dict[tuple, str] = {}
-    for what, path in [*given, *files]:
-        if path is None:
-            continue
-        other = seen.setdefault(_file_identity(path), what)
-        if other != what:
-            raise StressInputError(f"{what} {path} names the same file as {other}; give each output its own file")
+    try:
+        check_distinct_outputs([*given, *files])
+    except PitcheckError as exc:
+        raise StressInputError(str(exc)) from None
     if out is not None:
         run_roots = {out / d.parts[0] for d in dirs}
         for what, path in files:
@@ -869,9 +866,9 @@ def main_stress(args) -> int:
                            (jpath, lambda: (json.dumps(to_json(results), indent=2) + "\n").encode())):
             if path is not None:
                 try:
-                    path.write_bytes(data())
-                except OSError as exc:
-                    return err(f"cannot write {path}: {exc.strerror or exc}")
+                    write_atomic(path, data())
+                except PitcheckError as exc:  # write_atomic names the file and the cause
+                    return err(str(exc))
         n_checks = sum(len(r.checks) for r in results)
         if broken:
             for r in broken:

@@ -272,3 +272,24 @@ def test_distinct_outputs_beside_the_runs_are_accepted(tmp_path):
     assert stress.main_stress(_args([f], out=out, json=out / "r.json", junit=out / "r.xml")) == 0
     assert json.loads((out / "r.json").read_text())["held"] is True
     ET.parse(out / "r.xml")
+
+
+def test_outputs_through_a_link_keep_the_link_and_a_fifo_is_written_in_place(tmp_path):
+    """stress writes with rundir.write_atomic like every verb: a link's target is replaced, the link kept;
+    a FIFO (a stand-in for /dev/null) is written in place, not replaced by a regular file."""
+    import os
+    import threading
+    f = _write(tmp_path / "s.toml", tiny("a"))
+    target = tmp_path / "target.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    fifo = tmp_path / "fifo.xml"
+    os.mkfifo(fifo)
+    got = {}
+    reader = threading.Thread(target=lambda: got.setdefault("xml", fifo.read_bytes()))
+    reader.start()
+    assert stress.main_stress(_args([f], json=link, junit=fifo)) == 0
+    reader.join(10)
+    assert link.is_symlink() and json.loads(target.read_text())["held"] is True
+    assert fifo.exists() and not fifo.is_file()  # still a FIFO
+    ET.fromstring(got["xml"])
