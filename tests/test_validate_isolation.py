@@ -192,7 +192,7 @@ def make(V, D, **kw):
             time.sleep(600)
         os._exit(0)
     pids.append(int(os.read(r, 100)))
-    open(marker + '.tmp', 'w').write(os.environ[{tag!r}] + ' ' + ' '.join(map(str, pids)))
+    open(marker + '.tmp', 'w').write(os.environ.get({tag!r}, 'untagged') + ' ' + ' '.join(map(str, pids)))
     os.rename(marker + '.tmp', marker)
     {tail}
 """
