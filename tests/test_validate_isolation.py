@@ -260,3 +260,10 @@ def test_the_pytest_plugin_collects_one_item_per_id_when_a_dtype_or_target_is_re
     ids = [ln for ln in proc.stdout.splitlines() if "pitcheck[" in ln]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(ids) == 2 and len(set(ids)) == 2, proc.stdout
+
+
+def test_a_missing_factory_in_pitchecks_own_checkout_is_named_as_missing(monkeypatch):
+    # from the checkout the pitcheck of the working directory is the imported one: no shadowing to report
+    monkeypatch.chdir(ROOT)
+    result = validate("pitcheck.nn:nosuch", "float32", checks="contract", **TINY)
+    assert result.exit_status == 2 and "has no attribute 'nosuch'" in result.fatal, result.fatal

@@ -1,7 +1,9 @@
 """Running the target in a child process with a time limit.
 
-A hang, os.abort(), a segfault or an exception at import becomes a one-line reason naming the phase it
-happened in; the validator itself never hangs or crashes with the target.
+A hang, os.abort(), a segfault, an exception at import or an early exit with status 0 (a worker that ends
+without its "finished" phase) becomes a one-line reason naming the phase it happened in; the validator
+itself never hangs or crashes with the target. lifeline.py keeps the target's processes from outliving
+the validation, and the worker's sys.path from starting with the working directory.
 """
 from __future__ import annotations
 

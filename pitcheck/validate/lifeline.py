@@ -66,7 +66,11 @@ def guard(parent_pid: int, read_fd: int) -> None:
     die_with_parent()
     if os.getppid() != parent_pid:  # the validator died before the line above took effect
         os._exit(1)
-    if os.fork() == 0:
+    try:
+        guardian = os.fork()
+    except OSError:  # no process to spare: the validator's own cleanup and the parent-death signal remain
+        guardian = -1
+    if guardian == 0:
         try:
             while os.read(read_fd, 4096):  # the validator never writes: this returns b'' when it ends
                 pass

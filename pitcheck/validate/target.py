@@ -72,16 +72,16 @@ def load_factory(spec: str):
         _append_to_path(cwd)
         top = where.partition(".")[0]
         local = importlib.machinery.PathFinder.find_spec(top, [str(cwd)])
-        shadows = top in sys.modules or top in getattr(sys, "stdlib_module_names", ())
-        if local is not None and not shadows:
+        reserved = top in sys.modules or top in getattr(sys, "stdlib_module_names", ())
+        if local is not None and not reserved:
             _import_from(local, top)  # the working directory's package wins over an installed one of its name
         try:
             module = importlib.import_module(where)
         except ImportError:
-            if local is not None and shadows:
+            if local is not None and reserved and not _same_file(local, top):
                 raise TargetError(_shadow_hint(local, top, name)) from None
             raise
-        if local is not None and shadows and not hasattr(module, name):
+        if local is not None and reserved and not hasattr(module, name) and not _same_file(local, top):
             raise TargetError(_shadow_hint(local, top, name))
     try:
         factory = getattr(module, name)
@@ -105,6 +105,13 @@ def _import_from(module_spec, name: str) -> None:
     except BaseException:
         del sys.modules[name]
         raise
+
+
+def _same_file(module_spec, name: str) -> bool:
+    """Whether the module already imported under `name` is the one `module_spec` found (pitcheck.nn:make
+    validated from pitcheck's own checkout)."""
+    loaded = getattr(sys.modules.get(name), "__file__", None)
+    return bool(loaded and module_spec.origin) and Path(loaded).resolve() == Path(module_spec.origin).resolve()
 
 
 def _shadow_hint(local, top: str, name: str) -> str:
