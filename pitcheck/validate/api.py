@@ -82,7 +82,9 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
         elif name == run.failed_during:
             result.checks.append(CheckResult(name, "error", reason=run.fatal))
         elif run.fatal:
-            result.checks.append(CheckResult(name, "error", reason="not run: the target failed earlier"))
+            result.checks.append(CheckResult(name, "error", reason=f"not run: {run.fatal}"))
+        else:  # no probe and no reason must never read as a pass (nor vanish from the table)
+            result.checks.append(CheckResult(name, "error", reason="no result: the target's process ended without one"))
     result.seconds = time.monotonic() - start
     return result
 

@@ -1,21 +1,24 @@
 """Running the target in a child process with a time limit.
 
-A hang, os.abort(), a segfault or an exception at import becomes a one-line reason naming the phase it
-happened in; the validator itself never hangs or crashes with the target.
+A hang, os.abort(), a segfault, an exception at import or an early exit with status 0 (a worker that ends
+without its "finished" phase) becomes a one-line reason naming the phase it happened in; the validator
+itself never hangs or crashes with the target. lifeline.py keeps the target's processes from outliving
+the validation, and the worker's sys.path from starting with the working directory.
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import lifeline
 from .probes import load_probe
 
 
@@ -69,26 +72,35 @@ def _run_isolated(request: dict, timeout: float) -> TargetRun:
         (out / "request.json").write_text(json.dumps(request))
         stderr_path = out / "stderr.txt"
         env = dict(os.environ)
-        # the target is found from the current directory, as `python -c 'import target'` would find it
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p)
-        with open(stderr_path, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "pitcheck.validate.worker", str(out / "request.json")],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                    start_new_session=True)
-            code, timed_out = None, True
-            try:
-                code = proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                pass
-            finally:
-                # always, the target's whole process group goes: on a timeout, on Ctrl-C or SIGTERM, and
-                # after a clean exit too (children it forked must not outlive the validation)
+        # every process the target starts inherits this tag, so the cleanup finds it even after a setsid()
+        tag = secrets.token_hex(8)
+        env[lifeline.TAG_VAR] = tag
+        # the guardian's pipe: its write end lives only here, so it reads end-of-file when this process ends
+        read_fd, write_fd = os.pipe()
+        try:
+            with open(stderr_path, "wb") as err:
+                # not PYTHONPATH or `-m` with the working directory first: a random.py there would shadow the
+                # standard library; target.load_factory finds the target from the working directory
+                proc = subprocess.Popen(lifeline.worker_command(str(out / "request.json"), read_fd),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                        start_new_session=True, pass_fds=(read_fd,))
+                os.close(read_fd)
+                read_fd = -1
+                code, timed_out = None, True
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
+                    code = proc.wait(timeout=timeout)
+                    timed_out = False
+                except subprocess.TimeoutExpired:
                     pass
-                proc.wait()
+                finally:
+                    # always, the target's processes go: on a timeout, on Ctrl-C or SIGTERM, and after a clean
+                    # exit too (children it forked, setsid() or not, must not outlive the validation)
+                    lifeline.cleanup(proc.pid, tag)
+                    proc.wait()
+        finally:
+            for fd in (read_fd, write_fd):
+                if fd >= 0:
+                    os.close(fd)
         run = TargetRun(seconds=time.monotonic() - start)
         for name in request["checks"]:
             path = out / f"{name}.npz"
@@ -102,7 +114,12 @@ def _run_isolated(request: dict, timeout: float) -> TargetRun:
             run.fatal = f"target timed out after {timeout:g} s during {phase}"
         elif (out / "fatal.txt").exists():
             run.fatal = (out / "fatal.txt").read_text().strip()
-        elif code != 0:
+        elif code != 0 or phase != "finished":
+            # status 0 without the worker's "finished": the target ended the process itself (os._exit(0))
             tail = _stderr_tail(stderr_path)
             run.fatal = f"target {_death(code)} during {phase}" + (f" ({tail})" if tail else "")
+        else:
+            missing = [name for name in request["checks"] if name not in run.probes]
+            if missing:
+                run.fatal = f"the worker finished without a result for {', '.join(missing)}"
         return run

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from ..errors import PitcheckError
 from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, check_options, parse_checks
 
 
@@ -71,10 +72,15 @@ class PitcheckItem(pytest.Item):
         self.target, self.dtype, self.check = target, dtype, check
 
     def runtest(self) -> None:
-        result = self.config._pitcheck_cache.get(self.target, self.dtype)
+        try:
+            result = self.config._pitcheck_cache.get(self.target, self.dtype)
+        except PitcheckError as exc:
+            raise PitcheckFailure(f"target error: {exc}") from None
         if result.fatal:
             raise PitcheckFailure(f"target error: {result.fatal}")
-        c = result.by_name()[self.check]
+        c = result.by_name().get(self.check)
+        if c is None:
+            raise PitcheckFailure(f"{self.check}: no result from the target")
         self.user_properties.append(("ratio", c.value))
         self.user_properties.append(("threshold", c.threshold))
         if c.verdict in ("fail", "error"):
@@ -103,7 +109,9 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if not targets:
         return
     opt = config.getoption
-    dtypes = [d.strip() for d in opt("pitcheck_dtype").split(",") if d.strip()]
+    # a dtype or target named twice is validated once: one item per id
+    targets = list(dict.fromkeys(targets))
+    dtypes = list(dict.fromkeys(d.strip() for d in opt("pitcheck_dtype").split(",") if d.strip()))
     try:
         checks = parse_checks(opt("pitcheck_checks"))
         if not dtypes:

@@ -8,6 +8,7 @@ is adapted to that contract.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
@@ -47,13 +48,19 @@ def split_target(spec: str) -> tuple[str, str]:
 
 
 def load_factory(spec: str):
-    """Import the factory named by `spec` (runs the target's import-time code: call it in the worker)."""
+    """Import the factory named by `spec` (runs the target's import-time code: call it in the worker).
+
+    `path/file.py:factory` is loaded from its file; `module:factory` is found from the working directory
+    first, as `python -c 'import module'` finds it. Neither directory goes before the standard library
+    and site-packages on sys.path: a random.py or json.py beside the target must not replace the modules
+    pitcheck, torch and the target itself import by those names.
+    """
     where, name = split_target(spec)
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
             raise TargetError(f"target file {where} does not exist")
-        sys.path.insert(0, str(path.resolve().parent))
+        _append_to_path(path.resolve().parent)  # the target's own imports of the files beside it
         # a name of its own: a target file called json.py must not replace the json module
         name_in_modules = f"_pitcheck_target_{path.stem}"
         module_spec = importlib.util.spec_from_file_location(name_in_modules, path)
@@ -61,7 +68,21 @@ def load_factory(spec: str):
         sys.modules[name_in_modules] = module
         module_spec.loader.exec_module(module)
     else:
-        module = importlib.import_module(where)
+        cwd = Path.cwd()
+        _append_to_path(cwd)
+        top = where.partition(".")[0]
+        local = importlib.machinery.PathFinder.find_spec(top, [str(cwd)])
+        reserved = top in sys.modules or top in getattr(sys, "stdlib_module_names", ())
+        if local is not None and not reserved:
+            _import_from(local, top)  # the working directory's package wins over an installed one of its name
+        try:
+            module = importlib.import_module(where)
+        except ImportError:
+            if local is not None and reserved and not _same_file(local, top):
+                raise TargetError(_shadow_hint(local, top, name)) from None
+            raise
+        if local is not None and reserved and not hasattr(module, name) and not _same_file(local, top):
+            raise TargetError(_shadow_hint(local, top, name))
     try:
         factory = getattr(module, name)
     except AttributeError:
@@ -69,6 +90,36 @@ def load_factory(spec: str):
     if not callable(factory):
         raise TargetError(f"{spec} is not callable")
     return factory
+
+
+def _append_to_path(directory: Path) -> None:
+    if str(directory) not in sys.path:
+        sys.path.append(str(directory))
+
+
+def _import_from(module_spec, name: str) -> None:
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
+def _same_file(module_spec, name: str) -> bool:
+    """Whether the module already imported under `name` is the one `module_spec` found (pitcheck.nn:make
+    validated from pitcheck's own checkout)."""
+    loaded = getattr(sys.modules.get(name), "__file__", None)
+    return bool(loaded and module_spec.origin) and Path(loaded).resolve() == Path(module_spec.origin).resolve()
+
+
+def _shadow_hint(local, top: str, name: str) -> str:
+    try:
+        file = Path(local.origin).relative_to(Path.cwd())
+    except (TypeError, ValueError):
+        file = local.origin
+    return f"{top!r} would replace the standard library's or pitcheck's module of that name; give the file: {file}:{name}"
 
 
 class HuggingFaceAdapter:
