@@ -112,7 +112,8 @@ def test_reproject_restores_the_manifold():
     assert metrics.orthonormality_ratio(reproject(drifted), U) < 30
 
 
-@pytest.mark.parametrize("name", ["cayley", "cayley-iter", "polar-gram", "qr", "cholqr2"])
+@pytest.mark.parametrize("name", ["cayley", "cayley-iter", "polar-gram", "qr", "cholqr2", "rcqr", "cholqr3-shifted",
+                                  "polar-express", "gram-ns", "landing"])
 def test_no_v_by_v_array_at_a_large_vocabulary(name):
     V, D = 65536, 32
     Z, xi = _point_and_step(V, D, 1)
@@ -121,7 +122,7 @@ def test_no_v_by_v_array_at_a_large_vocabulary(name):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 20 * V * D * 8  # a V x V float64 would be 34 GB
-    assert metrics.orthonormality_loss(Y) < 1e-3
+    assert metrics.orthonormality_loss(Y) < (1e-3 if name not in APPROXIMATE else 1.0)
 
 
 @settings(max_examples=20, deadline=None)
@@ -137,10 +138,18 @@ def test_retractions_land_on_manifold_for_any_shape(vocab, dim, scale, seed, nam
     assert metrics.orthonormality_ratio(Y, U) < 30
 
 
-@pytest.mark.parametrize("name", sorted(APPROXIMATE))
+ZEROTH_ORDER = ["ns5", "polar-express", "gram-ns"]
+
+
+def test_every_approximate_map_is_judged():
+    assert set(APPROXIMATE) == {*ZEROTH_ORDER, "landing"}
+
+
+@pytest.mark.parametrize("name", ZEROTH_ORDER)
 def test_approximate_maps_fail_the_retraction_checks(name):
-    # ns5 is run and benchmarked for comparison only: the same checks that pass every retraction fail it,
-    # first order (it does not even fix a point on the manifold: slope about 0) and landing on the manifold
+    # Muon's orthogonalisers are run and benchmarked for comparison only: the same checks that pass every
+    # retraction fail them, first order (they do not even fix a point on the manifold: slope about 0) and
+    # landing on the manifold
     Z, xi = _point_and_step()
     slope, errs = _first_order_slope(RETRACTIONS[name], Z, xi)
     assert slope < 0.5 and errs.min() > 1e-2, (slope, errs)
@@ -231,8 +240,68 @@ def test_cayley_issues_five_v_sized_gemms_and_no_tall_copies():
     assert metrics.orthonormality_loss(Y.numpy()) < 1e-13
 
 
-@pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2", "cayley", "polar-gram", "ns5"])
+@pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2", "cayley", "polar-gram", "ns5", "rcqr", "cholqr3-shifted",
+                                  "polar-express", "gram-ns", "landing"])
 def test_torch_results_are_row_major(name):
     # a column-major Z makes every later elementwise update of the model a strided pass
     Z, xi = _near_manifold(500, 12, 1, torch.float32)
     assert RETRACTIONS[name](Z, xi).is_contiguous()
+
+
+# ---- issue 20: Muon-era orthogonalisers, randomized and shifted Cholesky QR, landing ----------------
+# measured ||Z^T Z - I||_F / u one tangent step (0.1) from the manifold, 512 x 32, worst of 3 seeds:
+#   float64: qr 34, cholqr2 41, cholqr3-shifted 41, rcqr 278;  float32: qr 31, cholqr2 18, cholqr3-shifted
+#   17, rcqr 142 (rcqr's single Cholesky pass after the sketch leaves cond(Y R1^-1)^2 u, cond a few)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name,bound", [("rcqr", 1000), ("cholqr3-shifted", 200)])
+def test_new_qr_retractions_land_to_o_u(name, bound, dtype):
+    u = float(torch.finfo(dtype).eps) / 2
+    loss = max(metrics.orthonormality_loss(RETRACTIONS[name](*_near_manifold(512, 32, s, dtype)).double().numpy())
+               for s in range(3))
+    assert loss < bound * u, loss / u
+
+
+# measured ||Y^T Y - I||_F one step (0.3) from the manifold at 300 x 12 (float64): ns5 0.25, polar-express
+# 0.79, gram-ns 0.80: all stay O(0.1-1) away and never reach the manifold
+MEASURED_DISTANCE = {"ns5": (0.2, 0.3), "polar-express": (0.7, 0.9), "gram-ns": (0.7, 0.9)}
+
+
+@pytest.mark.parametrize("name", ZEROTH_ORDER)
+def test_measured_distance_of_the_zeroth_order_maps(name):
+    Z, xi = _point_and_step()
+    lo, hi = MEASURED_DISTANCE[name]
+    assert lo < metrics.orthonormality_loss(RETRACTIONS[name](Z, 0.3 * xi)) < hi
+
+
+def _landing_run(mu, tau, dtype, steps=2000, V=40, D=4, seed=0):
+    """||Z^T Z - I||_F after each of `steps` landing updates with random tangent steps of norm tau."""
+    rng = np.random.default_rng(seed)
+    Z = reference.random_memory(V, D, rng).astype(dtype)
+    eye = np.eye(D, dtype=dtype)
+    dist = np.empty(steps)
+    for k in range(steps):
+        xi = tangent_projection(Z, rng.standard_normal((V, D)).astype(dtype))
+        Z = RETRACTIONS["landing"](Z, (tau / np.linalg.norm(xi)) * xi, attraction=1.0, step=mu)
+        assert Z.dtype == dtype
+        dist[k] = np.linalg.norm(Z.T @ Z - eye)
+    return dist
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mu,tau", [(0.5, 0.1), (0.1, 0.1), (0.1, 0.01)])
+def test_landing_stays_below_its_level_set_and_never_lands(mu, tau, dtype):
+    # 2000 steps: the distance stays below tau^2 / (2 lambda eta) (measured max 0.52-0.58 of it, in float64
+    # and float32 alike) and settles near half of it (E[xi^T xi] spread over D = 4 directions): never 0
+    dist = _landing_run(mu, tau, dtype)
+    level = tau**2 / (2 * mu)
+    assert dist.max() < 0.65 * level, dist.max() / level
+    assert dist[-500:].min() > 0.35 * level, dist[-500:].min() / level
+
+
+def test_landing_agrees_with_the_euclidean_step_on_the_manifold():
+    # the attraction is evaluated at Z: on the manifold the update is Z + xi up to rounding, for any t
+    Z, xi = _point_and_step()
+    for t in (1e-2, 1e-3):
+        assert np.linalg.norm(RETRACTIONS["landing"](Z, t * xi) - Z - t * xi) < 100 * U
+    # and it does not land: the second-order drift xi^T xi is left for later steps
+    assert metrics.orthonormality_loss(RETRACTIONS["landing"](Z, 0.3 * xi)) > 0.01
