@@ -318,7 +318,9 @@ def run_cell(task: dict) -> dict:
     t0 = time.perf_counter()
     try:
         try:
-            run(config, task["dir"], resume=not task["force"], progress=False, force=task["force"])
+            # a cell not yet begun has no directory: it starts; one that has, resumes
+            run(config, task["dir"], resume=not task["force"] and Path(task["dir"]).exists(), progress=False,
+                force=task["force"])
         except RunBreakdown:
             result["status"] = "breakdown"
         seconds = time.perf_counter() - t0
