@@ -151,6 +151,29 @@ def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int
 
 
 LOCAL_OBJECT_STORE_BYTES = 100 * 2**20
+# seconds to wait for a TCP connection to a Ray address: ray.init itself retries an address where nothing
+# listens for minutes, silently
+CONNECT_TIMEOUT = 5.0
+
+
+def check_ray_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Refuse, in one line and within `timeout` seconds, a Ray address (HOST:PORT or ray://HOST:PORT) where
+    nothing accepts a connection. 'auto' and 'local' name the local cluster's file and are left to Ray."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PitcheckError(f"--address {address!r} is not HOST:PORT (or ray://HOST:PORT)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc) or type(exc).__name__)
+        raise PitcheckError(f"cannot reach Ray at {address}: {why} (is a Ray cluster running there?)") from None
 
 
 def _import_ray():
@@ -179,6 +202,7 @@ def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str |
     if not ray.is_initialized():
         kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
         if address:
+            check_ray_address(address)
             kwargs["address"] = address
         else:
             # results are small dicts: a small object store (Ray's default takes 30% of the memory)

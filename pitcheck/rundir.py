@@ -61,6 +61,10 @@ METRIC_COLUMNS = [
     "shadow_T",
     "loss_scale",
 ]
+# the lm source's losses (nats/token) beside the interface metrics of the same step; empty for the other
+# sources. A metrics.csv of an older pitcheck has METRIC_COLUMNS alone (its lm losses are in the manifest).
+LOSS_COLUMNS = ["train_loss", "heldout_loss", "shadow_heldout_loss"]
+CSV_COLUMNS = METRIC_COLUMNS + LOSS_COLUMNS
 # beyond the new files, room the file system needs for directory entries and rounding to blocks
 FREE_SPACE_MARGIN = 1 << 20
 
@@ -437,18 +441,23 @@ def read_checkpoint(path: Path | str) -> dict:
 
 
 def csv_bytes(rows: list[dict]) -> bytes:
+    """metrics.csv: every interface metric of every row, and its losses where it has them (else empty)."""
     out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=METRIC_COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: (repr(float(r[k])) if k != "step" else int(r[k])) for k in METRIC_COLUMNS})
+        cells = {k: (repr(float(r[k])) if k != "step" else int(r[k])) for k in METRIC_COLUMNS}
+        cells.update({k: repr(float(r[k])) if k in r else "" for k in LOSS_COLUMNS})
+        w.writerow(cells)
     return out.getvalue().encode()
 
 
 def read_metrics(path: Path | str, columns: list[str] | None = None) -> list[dict]:
-    """Rows of a metrics.csv: a 'step' column of increasing integers, every other cell a float.
+    """Rows of a metrics.csv: a 'step' column of increasing integers, every other cell a float; an empty
+    loss cell (a source without losses) is left out of its row.
 
-    With `columns`, the header must be exactly those.
+    With `columns`, the header must be exactly those; with CSV_COLUMNS, an older pitcheck's header
+    (METRIC_COLUMNS, no loss columns) is accepted too.
     """
     path = Path(path)
     try:
@@ -459,14 +468,16 @@ def read_metrics(path: Path | str, columns: list[str] | None = None) -> list[dic
     if not reader.fieldnames or reader.fieldnames[0] != "step" or len(set(reader.fieldnames)) != len(
             reader.fieldnames):
         raise PitcheckError(f"{path} is not a metrics file: its header does not start with 'step'")
-    if columns is not None and reader.fieldnames != columns:
+    accepted = [columns] + ([METRIC_COLUMNS] if columns == CSV_COLUMNS else [])
+    if columns is not None and reader.fieldnames not in accepted:
         raise PitcheckError(f"{path} does not have pitcheck's metric columns (header {','.join(reader.fieldnames)})")
     rows, last, line = [], -1, 1
     try:
         for line, raw in enumerate(reader, start=2):
             if None in raw or None in raw.values():
                 raise ValueError("wrong number of cells")
-            row = {k: (int(v) if k == "step" else float(v)) for k, v in raw.items()}
+            row = {k: (int(v) if k == "step" else float(v)) for k, v in raw.items()
+                   if not (k in LOSS_COLUMNS and v == "")}
             if row["step"] <= last:
                 raise ValueError(f"step {row['step']} does not follow step {last}")
             last = row["step"]

@@ -74,6 +74,9 @@ UNSTABLE_COND_T = 1e8
 BOUNDED_GROWTH = 0.25
 # a retraction whose final error is within this factor of the best one's is as accurate; the cheapest wins
 ACCURACY_TIE = 2.0
+# more cells than this are refused unless --max-cells says otherwise: a grid typed by mistake (10^6 cells)
+# would otherwise enumerate for minutes and start that many runs
+MAX_CELLS = 10000
 FLOOR_SAMPLES = 3
 COST_STEPS, COST_WARMUP = 20, 3
 
@@ -114,7 +117,7 @@ def parse_shape(value) -> tuple[int, int]:
         return int(value[0]), int(value[1])
     if isinstance(value, str):
         parts = value.lower().replace(" ", "").split("x")
-        if len(parts) == 2 and all(p.isdigit() for p in parts):
+        if len(parts) == 2 and all(p.isascii() and p.isdigit() for p in parts):
             return int(parts[0]), int(parts[1])
     raise PitcheckError(f"shape must be 'VxD' (e.g. '256x16') or [V, D], got {value!r}")
 
@@ -130,7 +133,8 @@ def adversary_label(spec: str) -> str:
     return "+".join(spec.split(","))
 
 
-def grid_from_dict(data: dict, source: str) -> Grid:
+def grid_from_dict(data: dict, source: str, max_cells: int = MAX_CELLS) -> Grid:
+    from .lm import uses_lm
     from .trajectory import RunConfig
 
     unknown = sorted(set(data) - set(GRID_KEYS))
@@ -175,20 +179,41 @@ def grid_from_dict(data: dict, source: str) -> Grid:
     known = {f.name for f in fields(RunConfig)} - AXIS_FIELDS
     bad = sorted(set(fixed) - known)
     if bad:
-        what = "is an axis (give it under [axes])" if bad[0] in AXIS_FIELDS else "is not a run option"
-        raise PitcheckError(f"{source}: [fixed] {bad[0]!r} {what}; [fixed] takes {', '.join(sorted(known))}")
+        name = bad[0]
+        if name in ("steps", "records_per_decade"):
+            what = f"is a top-level key of the grid ({name} = ..., before any table)"
+        elif name in ("vocab", "dim"):
+            what = "is part of the shape axis (give shape = [\"VxD\"] under [axes])"
+        elif name in AXIS_FIELDS:
+            what = "is an axis (give it under [axes])"
+        else:
+            what = "is not a run option"
+        raise PitcheckError(f"{source}: [fixed] {name!r} {what}; [fixed] takes {', '.join(sorted(known))}")
     steps = data.get("steps", defaults.steps)
     rpd = data.get("records_per_decade", defaults.records_per_decade)
     for name, value in (("steps", steps), ("records_per_decade", rpd)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PitcheckError(f"{source}: {name} must be a positive integer, got {value!r}")
+    count = cell_count(axes)
+    if count > max_cells:
+        raise PitcheckError(f"{source}: the grid has {count} cells, more than the limit of {max_cells} "
+                            "(--max-cells N raises it)")
+    if "lm" in fixed and not any(uses_lm(adversary_spec(a)) for a in axes["adversary"]):
+        raise PitcheckError(f"{source}: [fixed.lm] sets options of the lm source, which no cell uses "
+                            f"(adversaries {', '.join(axes['adversary'])})")
     grid = Grid(axes=axes, steps=steps, records_per_decade=rpd, fixed=dict(fixed),
                 description=str(data.get("description", "")), source=source)
     cells(grid)  # every cell's config is checked now, before anything runs
     return grid
 
 
-def load_grid(path: str | None = None, quick: bool = False) -> Grid:
+def cell_count(axes: dict) -> int:
+    """The number of combinations of the axes, from their lengths alone (nothing enumerated); an upper
+    bound on the cells, since the baseline heads take one cell for all the retractions."""
+    return math.prod(len(v) for v in axes.values())
+
+
+def load_grid(path: str | None = None, quick: bool = False, max_cells: int = MAX_CELLS) -> Grid:
     """The grid in a TOML file, or the built-in one (`quick`: the small one)."""
     if path is not None and quick:
         raise PitcheckError("--quick picks the built-in quick grid: give --config or --quick, not both")
@@ -205,10 +230,10 @@ def load_grid(path: str | None = None, quick: bool = False) -> Grid:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PitcheckError(f"{source} is not valid TOML: {exc}") from None
-    return grid_from_dict(data, source)
+    return grid_from_dict(data, source, max_cells)
 
 
-def override(grid: Grid, **axes) -> Grid:
+def override(grid: Grid, max_cells: int = MAX_CELLS, **axes) -> Grid:
     """The grid with some axes replaced (values as in the TOML file); None leaves an axis as it is."""
     data = {"steps": grid.steps, "records_per_decade": grid.records_per_decade, "fixed": grid.fixed,
             "description": grid.description, "axes": dict(grid.axes)}
@@ -222,7 +247,7 @@ def override(grid: Grid, **axes) -> Grid:
             data["axes"][name] = values
         changed.append(f"{name} {values if name == 'steps' else ','.join(str(v) for v in values)}")
     source = f"{grid.source}, overridden: {'; '.join(changed)}" if changed else grid.source
-    return grid_from_dict(data, source)
+    return grid_from_dict(data, source, max_cells)
 
 
 def cell_name(config) -> str:
@@ -262,7 +287,7 @@ def cells(grid: Grid) -> list[Cell]:
                                adversary=adversary_spec(a["adversary"]), optimizer=a["optimizer"], lr=a["lr"],
                                head=a["head"], vocab=vocab, dim=dim, seed=a["seed"], steps=grid.steps,
                                records_per_decade=grid.records_per_decade, adversary_params=params)
-            config.validate()
+            config.validate(here=True)
         except TypeError as exc:
             raise PitcheckError(f"{grid.source}: {exc}") from None
         except PitcheckError as exc:
@@ -318,7 +343,9 @@ def run_cell(task: dict) -> dict:
     t0 = time.perf_counter()
     try:
         try:
-            run(config, task["dir"], resume=not task["force"], progress=False, force=task["force"])
+            # a cell not yet begun has no directory: it starts; one that has, resumes
+            run(config, task["dir"], resume=not task["force"] and Path(task["dir"]).exists(), progress=False,
+                force=task["force"])
         except RunBreakdown:
             result["status"] = "breakdown"
         seconds = time.perf_counter() - t0
@@ -420,6 +447,7 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     if executor == "local" and address:
         raise PitcheckError("--address names a Ray cluster: use it with --executor ray")
     out = check_out_path(out)
+    check_sweep_dir(out)
     all_cells = cells(grid)
     todo = all_cells if force else [c for c in all_cells if not finished(out, c)]
     try:
@@ -463,6 +491,19 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         write_atomic(out / "timing.json", (json.dumps({"computations": history}, indent=1) + "\n").encode())
     timing["computations"] = history
     return {"rows": rows, **timing}
+
+
+def check_sweep_dir(out: Path) -> None:
+    """Refuse to sweep into a `pitcheck run` directory (a run's files and no grid.json): the sweep's files
+    would be written among the run's."""
+    from .rundir import COMMIT, RUN_FILES
+
+    if (out / "grid.json").exists():
+        return
+    found = [n for n in (*RUN_FILES, COMMIT) if (out / n).exists()]
+    if found:
+        raise PitcheckError(f"--out {out} holds a pitcheck run ({', '.join(found)}), not a sweep: choose another "
+                            "--out for compare")
 
 
 def read_timing(out: Path) -> list[dict]:
@@ -636,6 +677,12 @@ def read_summary(path: Path | str) -> list[dict]:
 
 
 # ---- the verdict ----------------------------------------------------------------------------------
+def measurable(row: dict) -> bool:
+    """Whether the row's growth could be measured: a finite exponent with a finite error (too few recorded
+    steps past sqrt(N) give neither, and a row that may grow like k^1 must not pass for bounded)."""
+    return math.isfinite(row["growth_exponent"]) and math.isfinite(row["growth_exponent_err"])
+
+
 def judge(row: dict) -> tuple[bool, str]:
     """(unsafe, why) for one summary row."""
     reasons = []
@@ -653,12 +700,13 @@ def judge(row: dict) -> tuple[bool, str]:
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
-    """Per precision: the recommended retraction and why, and the unsafe combinations.
+    """Per precision: the recommended retraction and why, the unsafe combinations and the inconclusive ones.
 
     A retraction is unsafe in a precision when, in any row of that precision (adversary, head, shape...),
-    it broke down or its error grows (growth exponent >= BOUNDED_GROWTH). Among the safe ones its error
-    is its worst final ||Z^T Z - I||_F / floor over those rows; the most accurate wins, unless a cheaper
-    one is within ACCURACY_TIE of its error, in which case the cheapest of those wins.
+    it broke down or its error grows (growth exponent >= BOUNDED_GROWTH). It is inconclusive, never safe,
+    when it is not unsafe but some row's growth could not be measured (too few recorded steps). Among the
+    safe ones its error is its worst final ||Z^T Z - I||_F / floor over those rows; the most accurate wins,
+    unless a cheaper one is within ACCURACY_TIE of its error, in which case the cheapest of those wins.
     """
     out = []
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
@@ -667,14 +715,20 @@ def verdicts(rows: list[dict]) -> list[dict]:
         by_ret: dict[str, list[dict]] = {}
         for r in prow:
             by_ret.setdefault(r["retraction"], []).append(r)
-        unsafe, safe = [], []
+        unsafe, safe, inconclusive = [], [], []
         for ret, rs in by_ret.items():
             bad = [(r, why) for r in rs for bad_, why in [judge(r)] if bad_]
+            unmeasured = [r for r in rs if not measurable(r)]
             if bad:
                 r, why = max(bad, key=lambda b: b[0]["growth_exponent"] if math.isfinite(b[0]["growth_exponent"])
                              else math.inf)
                 where = f" ({r['adversary']})" if len({x['adversary'] for x in rs}) > 1 else ""
                 unsafe.append({"retraction": ret, "why": why + where})
+            elif unmeasured:
+                r = unmeasured[0]
+                where = f" ({r['adversary']})" if len({x['adversary'] for x in rs}) > 1 else ""
+                inconclusive.append({"retraction": ret, "why": "growth exponent not measurable (too few recorded "
+                                     f"steps between sqrt(N) and N = {r['steps']}: give more steps){where}"})
             else:
                 worst = max(rs, key=lambda r: r["error_over_floor"])
                 safe.append({"retraction": ret, "ratio": worst["error_over_floor"], "row": worst,
@@ -690,7 +744,8 @@ def verdicts(rows: list[dict]) -> list[dict]:
                                "the most accurate, and the cheapest of those within "
                                f"{ACCURACY_TIE:g}x of it" if best["ratio"] == top else
                                f"within {ACCURACY_TIE:g}x of the most accurate and the cheapest of those")
-        out.append({"precision": p, "best": best, "safe": safe, "unsafe": unsafe})
+        out.append({"precision": p, "best": best, "safe": safe, "unsafe": unsafe, "inconclusive": inconclusive,
+                    "judged": bool(by_ret)})
     return out
 
 
@@ -721,9 +776,16 @@ def verdict_lines(rows: list[dict]) -> list[str]:
             why = (f"{b['because']}: error {b['ratio']:.2g}x the storage floor, growth exponent "
                    f"{b['growth']:+.2f} ± {b['growth_err']:.2f}, {b['ms']:.3g} ms/step")
             rec = f"**{b['retraction']}**"
+        elif not v["judged"]:
+            rec, why = "none", "no retraction to judge: only the baseline heads (tied, untied), which have none"
+        elif v["inconclusive"]:
+            rec, why = "none", ("inconclusive: no retraction was shown safe; "
+                                + "; ".join(f"{u['retraction']}: {u['why']}" for u in v["inconclusive"]))
         else:
             rec, why = "none", "every retraction tried is unsafe here"
         unsafe = "; ".join(f"{u['retraction']} ({u['why']})" for u in v["unsafe"]) or "none"
+        if b and v["inconclusive"]:
+            why += "; not judged: " + "; ".join(f"{u['retraction']} ({u['why']})" for u in v["inconclusive"])
         lines.append(f"| {v['precision']} | {rec} | {why} | {unsafe} |")
     return lines
 
@@ -793,7 +855,8 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "## Verdict",
         "",
         f"Per precision, among the retractions that neither broke down nor let the error grow (growth exponent "
-        f"below {BOUNDED_GROWTH}), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
+        f"below {BOUNDED_GROWTH}, measured: a retraction whose growth could not be measured is inconclusive, "
+        f"never safe), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
         f"row), or the cheapest of those within {ACCURACY_TIE:g}x of it.",
         "",
         *verdict_lines(rows),
@@ -900,6 +963,8 @@ def add_compare_options(c) -> None:
     c.add_argument("--lr", type=float, default=None, help="one learning rate for every cell")
     c.add_argument("--out", default="results/compare")
     c.add_argument("--force", action="store_true", help="recompute every cell instead of resuming")
+    c.add_argument("--max-cells", type=int, default=MAX_CELLS, metavar="N",
+                   help=f"refuse a grid of more cells than this (default {MAX_CELLS})")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -916,7 +981,10 @@ def _list(value: str | None, what: str, cast=str):
 
 
 def grid_from_args(args) -> Grid:
-    grid = load_grid(args.config, args.quick)
+    max_cells = getattr(args, "max_cells", MAX_CELLS)
+    if isinstance(max_cells, bool) or not isinstance(max_cells, int) or max_cells < 1:
+        raise PitcheckError(f"--max-cells must be a positive integer, got {max_cells!r}")
+    grid = load_grid(args.config, args.quick, max_cells)
     over = {"retraction": _list(args.retractions, "--retractions"),
             "precision": _list(args.precisions, "--precisions"),
             "adversary": _list(args.adversaries, "--adversaries"),
@@ -936,7 +1004,7 @@ def grid_from_args(args) -> Grid:
             raise PitcheckError("give --vocab/--dim or --shapes, not both")
         v0, d0 = parse_shape(grid.axes["shape"][0])
         over["shape"] = [f"{v0 if vocab is None else vocab}x{d0 if dim is None else dim}"]
-    return override(grid, **over) if any(v is not None for v in over.values()) else grid
+    return override(grid, max_cells, **over) if any(v is not None for v in over.values()) else grid
 
 
 def main_compare(args) -> int:

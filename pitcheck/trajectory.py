@@ -14,6 +14,7 @@ import functools
 import math
 import os
 import platform
+import re
 import signal
 import sys
 import threading
@@ -32,8 +33,8 @@ from .heads import HEADS, PIT_ONLY, TableEngine
 from .metrics import EXTENDED_BITS, drift_bound
 from .policy import get_policy
 from .reference import check_shapes, polar_memory, random_memory, spd_with_condition
-from .rundir import (CHECKPOINT, EVENTS, MANIFEST, METRIC_COLUMNS, METRICS, RunDir, csv_bytes, events_bytes,
-                     manifest_bytes, npz_bytes, read_events, read_metrics)
+from .rundir import (CHECKPOINT, CSV_COLUMNS, EVENTS, LOCK, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, RunDir,
+                     csv_bytes, events_bytes, manifest_bytes, npz_bytes, read_events, read_metrics)
 
 __all__ = ["METRIC_COLUMNS", "THRESHOLDS", "RunBreakdown", "RunConfig", "Trajectory", "read_events",
            "read_metrics", "recorded_steps", "run"]
@@ -114,8 +115,18 @@ class RunConfig:
         # a grid's [fixed.lm] table or a manifest's dict
         object.__setattr__(self, "lm", lm.lm_params(self.lm))
 
-    def validate(self) -> None:
-        """Every value in range and every option meaningful with the others; a one-line reason if not."""
+    def validate(self, here: bool = False) -> None:
+        """Every value of its type, in range and meaningful with the others; a one-line reason if not.
+
+        here: also that it can run on this machine (the CUDA device it names is present). A stress file
+        checks its scenarios without it (a CUDA scenario is skipped, not refused, without a GPU)."""
+        for name in ("backend", "precision", "retraction", "adversary", "head", "optimizer", "teacher", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise PitcheckError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.shadow, (bool, np.bool_)):
+            raise PitcheckError(f"shadow must be true or false, got {self.shadow!r}")
+        if not isinstance(self.adversary_params, AdversaryParams):
+            raise PitcheckError(f"adversary_params must be a table, got {self.adversary_params!r}")
         for name in ("vocab", "dim", "steps", "seed", "reproject_every", "records_per_decade"):
             if not _is_int(getattr(self, name)):
                 raise PitcheckError(f"{name} must be an integer, got {getattr(self, name)!r}")
@@ -140,6 +151,13 @@ class RunConfig:
             raise PitcheckError("records_per_decade must be >= 1")
         if self.backend not in ("numpy", "torch"):
             raise PitcheckError(f"unknown backend {self.backend!r}; choose numpy or torch")
+        get_policy(self.precision)
+        if self.backend == "numpy" and self.precision != "fp64":
+            raise PitcheckError(f"the numpy backend is the float64 reference: precision {self.precision} needs "
+                                "the torch backend")
+        check_device(self.device, self.backend)
+        if here:
+            check_device_present(self.device)
         names = parse_adversary(self.adversary)
         check_adversary_params(self.adversary_params)
         if self.head not in HEADS:
@@ -176,6 +194,31 @@ class RunConfig:
         d = dict(d)
         d["adversary_params"] = AdversaryParams(**d.get("adversary_params", {}))
         return cls(**d)
+
+
+DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z", re.ASCII)
+
+
+def check_device(device: str, backend: str) -> None:
+    """auto, cpu or cuda[:N], and CUDA only on the torch backend."""
+    if not DEVICE.match(device):
+        raise PitcheckError(f"unknown device {device!r}; choose auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda") and backend == "numpy":
+        # the float64 reference computes with numpy on the CPU: a run recorded as on CUDA would be false
+        raise PitcheckError(f"device {device}: the numpy backend runs on the CPU only (use --backend torch)")
+
+
+def check_device_present(device: str) -> None:
+    """A CUDA device asked for is one torch sees on this machine."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise PitcheckError(f"device {device} asked for, but torch sees "
+                            f"{'no CUDA device' if not count else f'{count} CUDA device(s)'}")
 
 
 def recorded_steps(steps: int, per_decade: int) -> list[int]:
@@ -397,7 +440,7 @@ class Trajectory:
                  force: bool = False):
         if resume and force:
             raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
-        config.validate()
+        config.validate(here=True)
         self.config = config
         self.store = RunDir(out)
         self.out = self.store.path
@@ -407,16 +450,23 @@ class Trajectory:
         self.crossed: set[str] = set()
         self.step = 0
         self.resumed_from = None
-        self.losses: list[dict] = []  # lm runs: one entry per recorded step
         self.broken: dict | None = None  # the breakdown event a resumed run had already ended in
-        self.store.open()
+        if resume and not self.out.exists():
+            raise PitcheckError(f"nothing to resume: {self.out} does not exist (without --resume a run starts there)")
+        # everything that needs no directory is built and checked first: a run refused there creates nothing
+        self._build()
+        created = [p for p in (self.out, *self.out.parents) if not p.exists()]
+        lock_existed = (self.out / LOCK).exists()
         try:
+            self.store.open()
             self._prepare(resume, force)
         except BaseException:
             self.store.close()
+            _remove_created(self.out, created, lock_existed)
             raise
 
-    def _prepare(self, resume: bool, force: bool) -> None:
+    def _build(self) -> None:
+        """The engines, their initial state and the hashes of the run's input files."""
         config = self.config
         self.policy = get_policy(config.precision)
         self.engine = make_engine(config, config.backend, self.policy, config.device)
@@ -431,6 +481,10 @@ class Trajectory:
             raise PitcheckError(f"the initial state does not fit {config.precision}: {problem}; lower --cond")
         if self.shadow:
             self.shadow.initialise(Z0, L0)
+        self.inputs = input_hashes(config)
+
+    def _prepare(self, resume: bool, force: bool) -> None:
+        config = self.config
         if force:
             self.store.clear()
         elif self.store.has_run():
@@ -449,9 +503,8 @@ class Trajectory:
         # built once, before the first commit: it imports torch, which takes seconds
         self.manifest_data = self.manifest()
         if self.engine.source:
-            # the losses live in the manifest, committed with the rows they sit beside (metrics.csv has
-            # the interface columns only)
-            self.manifest_data["lm"] = {**self.engine.source.describe(), "losses": self.losses}
+            # the losses are columns of metrics.csv, beside the interface metrics of their step
+            self.manifest_data["lm"] = self.engine.source.describe()
         # columns that are NaN by design: no shadow, no T for the baselines, no second table when tied
         self.not_applicable = set()
         if not self.shadow:
@@ -473,7 +526,7 @@ class Trajectory:
             "versions": versions(),
             "platform": platform.platform(),
             "resumed_from": self.resumed_from,
-            "teacher_sha256": _sha256(teacher_source(self.config.teacher)[0]) if self.config.teacher else None,
+            **self.inputs,
         }
 
     def _checkpoint_arrays(self) -> dict:
@@ -486,8 +539,6 @@ class Trajectory:
 
     def _commit(self) -> None:
         """One commit of the whole directory at the current step."""
-        if self.engine.source:
-            self.manifest_data["lm"]["losses"] = self.losses
         self.store.commit(self.step, {
             CHECKPOINT: npz_bytes(self._checkpoint_arrays()),
             METRICS: csv_bytes(self.rows),
@@ -521,6 +572,12 @@ class Trajectory:
         differ = self._config_differences(manifest, ("steps", "device"))
         if differ:
             raise PitcheckError(f"cannot resume {self.out}: config differs in {', '.join(differ)}")
+        for key, digest in self.inputs.items():
+            # a directory of an older pitcheck may lack a hash: nothing to compare it with
+            if manifest.get(key) is not None and manifest[key] != digest:
+                what = INPUT_FILES[key](self.config)
+                raise self._refuse(f"{what} changed since the run started (its SHA-256 was {str(manifest[key])[:12]}..., "
+                                   f"is {str(digest)[:12]}...): the run would mix two states")
         written_steps = manifest["config"].get("steps")
         if not _is_int(written_steps) or written_steps < 0:
             raise self._refuse(f"{MANIFEST}'s steps is {written_steps!r}")
@@ -557,7 +614,7 @@ class Trajectory:
         problem = self.engine.degenerate()
         if problem:
             raise self._refuse(f"{CHECKPOINT} holds a state that cannot compute: {problem}")
-        rows = self.store.read_metrics(METRIC_COLUMNS)
+        rows = self.store.read_metrics(CSV_COLUMNS)
         if not rows or rows[0]["step"] != 0:
             raise self._refuse(f"{METRICS} has no row for step 0 (emptied or truncated)")
         if rows[-1]["step"] > step:
@@ -585,7 +642,7 @@ class Trajectory:
                 self.broken = e
         self.rows, self.events = rows, events
         if self.engine.source:
-            self.losses = self._loaded_losses(manifest, rows)
+            self._check_losses(manifest, rows)
         for e in events:
             if e["event"] == "threshold_crossed":
                 self.crossed.update(f"{e['metric']}>{lv:g}" for lv in THRESHOLDS[e["metric"]] if lv <= e["level"])
@@ -595,17 +652,24 @@ class Trajectory:
                 self.crossed.add("unresolved")
         self.resumed_from = self.step
 
-    def _loaded_losses(self, manifest: dict, rows: list[dict]) -> list[dict]:
-        """The lm losses of the manifest, one per recorded row (committed with them), put back on the rows."""
+    def _check_losses(self, manifest: dict, rows: list[dict]) -> None:
+        """Every row of an lm run has its losses: in metrics.csv, or (an older pitcheck's directory) in the
+        manifest, whence they are put back on the rows and move to metrics.csv at the next commit."""
         losses = manifest.get("lm", {}).get("losses") if isinstance(manifest.get("lm"), dict) else None
-        ok = isinstance(losses, list) and all(
-            isinstance(e, dict) and type(e.get("step")) is int
-            and all(isinstance(v, (int, float)) for k, v in e.items() if k != "step") for e in losses)
-        if not ok or [e["step"] for e in losses] != [r["step"] for r in rows]:
-            raise self._refuse(f"{MANIFEST}'s lm losses do not match the rows of {METRICS}")
-        for entry, row in zip(losses, rows):
-            row.update({k: float(v) for k, v in entry.items() if k != "step"})
-        return losses
+        if losses is not None:
+            ok = isinstance(losses, list) and all(
+                isinstance(e, dict) and type(e.get("step")) is int
+                and all(k in LOSS_COLUMNS and isinstance(v, (int, float)) for k, v in e.items() if k != "step")
+                for e in losses)
+            if not ok or [e["step"] for e in losses] != [r["step"] for r in rows] or any(
+                    k in r for r in rows for k in LOSS_COLUMNS):
+                raise self._refuse(f"{MANIFEST}'s lm losses do not match the rows of {METRICS}")
+            for entry, row in zip(losses, rows):
+                row.update({k: float(v) for k, v in entry.items() if k != "step"})
+        want = {"train_loss", "heldout_loss"} | ({"shadow_heldout_loss"} if self.shadow else set())
+        lacking = [r["step"] for r in rows if not want <= set(r)]
+        if lacking:
+            raise self._refuse(f"{METRICS} lacks the lm losses of step {lacking[0]}")
 
     # ---- recording ---------------------------------------------------------------------------
     def _event(self, step: int, event: dict) -> None:
@@ -624,9 +688,6 @@ class Trajectory:
     def _measure_row(self) -> None:
         row = self.measure()
         self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
-        if self.engine.source:
-            entry = {"step": self.step, **{k: row[k] for k in lm.LOSS_KEYS if k in row}}
-            self.losses = [e for e in self.losses if e["step"] < self.step] + [entry]
         for metric, levels in THRESHOLDS.items():
             # one event per metric and record: the highest level crossed for the first time
             new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in self.crossed]
@@ -800,6 +861,35 @@ class Trajectory:
                 signal.signal(sig, handler)
         progress.update(cfg.steps)
         return self.rows
+
+
+# the input files a run reads besides its config, by the manifest key of their SHA-256, and their names
+INPUT_FILES = {
+    "teacher_sha256": lambda config: f"the teacher {teacher_source(config.teacher)[0]}",
+    "vocabulary_sha256": lambda config: f"the WordPiece vocabulary {config.lm.vocabulary.partition(':')[2]}",
+}
+
+
+def input_hashes(config: RunConfig) -> dict:
+    """SHA-256 of the teacher file and the WordPiece vocabulary file (None where the run has none): a resumed
+    run refuses files that changed since it started."""
+    vocabulary = None
+    if lm.uses_lm(config.adversary) and config.lm.vocabulary != "bpe":
+        vocabulary = _sha256(config.lm.vocabulary.partition(":")[2])
+    return {"teacher_sha256": _sha256(teacher_source(config.teacher)[0]) if config.teacher else None,
+            "vocabulary_sha256": vocabulary}
+
+
+def _remove_created(out: Path, created: list[Path], lock_existed: bool) -> None:
+    """Undo what a refused run made: its lock file, and the directories it created (left when not empty).
+    A directory that was there before keeps everything but a lock this run added."""
+    try:
+        if out in created or not lock_existed:
+            (out / LOCK).unlink(missing_ok=True)
+        for d in created:  # deepest first
+            d.rmdir()
+    except OSError:
+        pass
 
 
 def _advance_source(engine, skipped: bool) -> None:

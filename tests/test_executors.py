@@ -109,3 +109,44 @@ def test_cells_on_cuda_request_a_gpu():
     assert not executors.needs_gpu({"config": {"device": "auto", "backend": "numpy"}}, cluster_gpus=True)
     assert executors.needs_gpu({"config": {"device": "cuda", "backend": "torch"}}, cluster_gpus=False)
     assert not executors.needs_gpu({"config": {"device": "cpu", "backend": "torch"}}, cluster_gpus=True)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # free once closed: nothing listens there
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_ray_address_where_nothing_listens_is_refused_within_seconds(tmp_path, scheme):
+    """ray.init retried such an address for minutes, silently; the sweep now says so in one line."""
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("ray")
+    grid = Path(tmp_path / "g.toml")
+    grid.write_text('steps = 3\n[axes]\nretraction = ["qr"]\nprecision = ["fp64"]\nshape = ["32x4"]\n')
+    address = f"{scheme}127.0.0.1:{_closed_port()}"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pitcheck.cli", "compare", "--config", str(grid), "--executor", "ray",
+                           "--address", address, "--no-progress", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot reach Ray at {address}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ray_address_check_is_fast_and_reads_the_address():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(PitcheckError, match="cannot reach Ray"):
+        executors.check_ray_address(f"127.0.0.1:{_closed_port()}")
+    assert time.monotonic() - t0 < 5
+    for bad in ("nohost", "127.0.0.1:", "127.0.0.1:99999", "host:port"):
+        with pytest.raises(PitcheckError, match="not HOST:PORT"):
+            executors.check_ray_address(bad)
+    executors.check_ray_address("auto")  # the local cluster's file: Ray's to read

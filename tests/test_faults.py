@@ -409,7 +409,10 @@ def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys, tmp_path):
     assert cli.main(["run", *TINY, "--out", str(tmp_path / "run")]) == 130
     assert capsys.readouterr().err.strip() == "pitcheck: interrupted"
     monkeypatch.undo()
-    assert cli.main(["run", *TINY, "--resume", "--out", str(tmp_path / "run")]) == 0
+    # the interrupted set-up made nothing: there is nothing to resume, and the run starts afresh
+    assert not (tmp_path / "run").exists()
+    fails(capsys, ["run", *TINY, "--resume", "--out", str(tmp_path / "run")], "nothing to resume")
+    assert cli.main(["run", *TINY, "--out", str(tmp_path / "run")]) == 0
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.8, 1.5])

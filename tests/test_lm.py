@@ -4,6 +4,7 @@ replaying the same batches, resume byte-identical after a kill, the heads compar
 
 Every check has a case that must fail and one that must pass. Runs are small (V=256, D=8, short sequences).
 """
+import hashlib
 import json
 import math
 import signal
@@ -20,7 +21,8 @@ from pitcheck.lm import LMParams, lm_params
 from pitcheck.lm.corpus import MAX_VOCAB, MIN_VOCAB, load_corpus, split_text
 from pitcheck.lm.model import Head, LMSource
 from pitcheck.policy import get_policy
-from pitcheck.trajectory import RunConfig, Trajectory, initial_state, make_engine, run
+from pitcheck.rundir import LOSS_COLUMNS
+from pitcheck.trajectory import RunConfig, Trajectory, initial_state, make_engine, read_metrics, run
 
 SMALL = LMParams(seq_len=16, sequences=4, layers=1, body_lr=3e-3, eval_sequences=8)
 
@@ -163,10 +165,12 @@ def test_heldout_loss_falls_and_interface_metrics_are_recorded(tmp_path):
     assert last["heldout_loss"] < first["heldout_loss"] - 0.5
     assert last["train_loss"] < first["train_loss"] - 0.5
     assert 0 < last["pinv_drift"] < 1e-4 and np.isfinite(last["orthonormality"])
+    # the losses are columns of metrics.csv, on the rows of their step; the manifest no longer holds them
+    written = read_metrics(tmp_path / "run" / "metrics.csv")
+    assert [(r["train_loss"], r["heldout_loss"], r["shadow_heldout_loss"]) for r in written] == [
+        (r["train_loss"], r["heldout_loss"], r["shadow_heldout_loss"]) for r in rows]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    losses = manifest["lm"]["losses"]
-    assert [e["step"] for e in losses] == [r["step"] for r in rows]
-    assert losses[-1]["heldout_loss"] == last["heldout_loss"]
+    assert "losses" not in manifest["lm"]
     assert manifest["lm"]["text_sha256"] == load_corpus(256).text_sha256
     # the contrast that must fail the drop: nothing learns at a vanishing learning rate
     still = run(replace(config, lr=1e-12, lm=replace(config.lm, body_lr=1e-12)), tmp_path / "still", progress=False)
@@ -203,23 +207,56 @@ def test_shadow_replays_the_same_batches(tmp_path):
     assert other[-1]["shadow_Z"] > 1e-6
 
 
-def test_checkpoint_holds_the_body_and_resume_refuses_mismatched_losses(tmp_path):
+def _as_older_pitcheck(d):
+    """Rewrite a finished lm run as an older pitcheck wrote it: metrics.csv without the loss columns, the
+    losses a series in the manifest."""
+    from pitcheck.rundir import METRIC_COLUMNS, RunDir, manifest_bytes
+
+    rows = read_metrics(d / "metrics.csv")
+    with RunDir(d) as store:
+        manifest = store.read_manifest()
+        manifest["lm"]["losses"] = [{"step": r["step"], **{k: r[k] for k in LOSS_COLUMNS}} for r in rows]
+        legacy = ",".join(METRIC_COLUMNS) + "\n" + "".join(
+            ",".join(str(r["step"]) if k == "step" else repr(r[k]) for k in METRIC_COLUMNS) + "\n" for r in rows)
+        files = {n: (d / n).read_bytes() for n in ("events.jsonl", "checkpoint.npz")}
+        store.commit(rows[-1]["step"], {**files, "metrics.csv": legacy.encode(), "manifest.json": manifest_bytes(manifest)})
+
+
+def test_checkpoint_holds_the_body_and_an_older_directory_resumes_to_the_same_files(tmp_path):
+    import shutil
+
     config = lm_config(steps=20)
     run(config, tmp_path / "r", progress=False)
     ck = np.load(tmp_path / "r" / "checkpoint.npz")
     assert {"engine_source_t", "engine_source_w.pos", "engine_source_m.b0.wq", "shadow_source_w.lnf_g"} <= set(ck.files)
     assert int(ck["engine_source_t"]) == 20
-    # a manifest whose losses no longer match the rows (edited): resume refuses, one line
+    # an older pitcheck's directory (losses in the manifest) resumes to the files a current one resumes to
+    shutil.copytree(tmp_path / "r", tmp_path / "old")
+    _as_older_pitcheck(tmp_path / "old")
+    assert "train_loss" not in (tmp_path / "old" / "metrics.csv").read_text()
+    for name in ("r", "old"):
+        run(replace(config, steps=30), tmp_path / name, resume=True, progress=False)
+    for f in ("metrics.csv", "events.jsonl", "checkpoint.npz", "manifest.json"):
+        assert (tmp_path / "r" / f).read_bytes() == (tmp_path / "old" / f).read_bytes(), f
+    # must fail: an older directory whose manifest losses do not match its rows, and a current one with a
+    # loss cell emptied
+    _as_older_pitcheck(tmp_path / "old")
     from pitcheck.rundir import RunDir, manifest_bytes
 
-    store = RunDir(tmp_path / "r").open()
-    manifest = store.read_manifest()
-    manifest["lm"]["losses"].pop()
-    files = {n: (tmp_path / "r" / n).read_bytes() for n in ("metrics.csv", "events.jsonl", "checkpoint.npz")}
-    store.commit(20, {**files, "manifest.json": manifest_bytes(manifest)})
-    store.close()
+    with RunDir(tmp_path / "old") as store:
+        manifest = store.read_manifest()
+        manifest["lm"]["losses"].pop()
+        files = {n: (tmp_path / "old" / n).read_bytes() for n in ("metrics.csv", "events.jsonl", "checkpoint.npz")}
+        store.commit(30, {**files, "manifest.json": manifest_bytes(manifest)})
     with pytest.raises(PitcheckError, match="lm losses do not match"):
-        run(replace(config, steps=30), tmp_path / "r", resume=True, progress=False)
+        run(replace(config, steps=40), tmp_path / "old", resume=True, progress=False)
+    text = (tmp_path / "r" / "metrics.csv").read_text().splitlines(keepends=True)
+    text[2] = text[2].rstrip("\n").rsplit(",", 1)[0] + ",\n"  # shadow_heldout_loss of step 1 emptied
+    with RunDir(tmp_path / "r") as store:
+        files = {n: (tmp_path / "r" / n).read_bytes() for n in ("manifest.json", "events.jsonl", "checkpoint.npz")}
+        store.commit(30, {**files, "metrics.csv": "".join(text).encode()})
+    with pytest.raises(PitcheckError, match="lacks the lm losses of step 1"):
+        run(replace(config, steps=40), tmp_path / "r", resume=True, progress=False)
 
 
 def test_killed_lm_run_resumes_byte_identical(tmp_path):
@@ -396,6 +433,12 @@ def test_wordpiece_vocabulary_and_teacher_rows(tmp_path):
         replace(config, teacher=str(tmp_path / "short.npy")).validate()
     with pytest.raises(PitcheckError, match="not V x D"):
         replace(config, lm=SMALL).validate()
+    # the vocabulary file's hash is recorded; resuming after it changed would mix two tokenisations: refused
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["vocabulary_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    path.write_text(path.read_text() + "zzzz\n", encoding="utf-8")
+    with pytest.raises(PitcheckError, match="WordPiece vocabulary .* changed"):
+        run(replace(config, steps=12), tmp_path / "run", resume=True, progress=False)
 
 
 @pytest.mark.parametrize("vocabulary,message", [("foo", "must be 'bpe' or 'wordpiece:VOCAB.txt'"),

@@ -62,7 +62,7 @@ def test_builtin_grids_load_and_cover_what_the_issue_asks():
     ("[axes]\nretraction = []\n", "is empty"),
     ("steps = 0\n", "steps must be a positive integer"),
     ("stepz = 10\n", "unknown key 'stepz'"),
-    ("[fixed]\nvocab = 10\n", "is an axis"),
+    ("[fixed]\nvocab = 10\n", "part of the shape axis"),
     ("[fixed]\nwibble = 1\n", "is not a run option"),
     ("[fixed.adversary_params]\nwibble = 1\n", "adversary_params] takes"),
     ("[axes]\nadversary = ['gaussian+nope']\n", "unknown gradient model 'nope'"),
@@ -150,6 +150,119 @@ def test_verdict_prefers_accuracy_then_cost_and_names_the_unsafe():
     assert "k^0.50" in text and "Z broke down in 1 of 3 seeds" in text
     (v,) = sw.verdicts([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])
     assert v["best"] is None and "none" in sw.verdict_lines([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])[2]
+
+
+def test_a_row_whose_growth_cannot_be_measured_is_inconclusive_never_recommended():
+    """A 3-step grid measures no growth exponent (NaN): cayley-iter, which grows like k^1, was recommended."""
+    unmeasured = {**_row("cayley-iter", "fp32", 1e-7, float("nan"), 0.1), "growth_exponent_err": float("nan")}
+    (v,) = sw.verdicts([unmeasured])
+    assert v["best"] is None and [u["retraction"] for u in v["inconclusive"]] == ["cayley-iter"]
+    line = sw.verdict_lines([unmeasured])[2]
+    assert "inconclusive" in line and "**cayley-iter**" not in line
+    # a finite exponent without an error (no degrees of freedom left) is not measured either
+    (v,) = sw.verdicts([{**_row("qr", "fp32", 1e-7, 0.0, 0.1), "growth_exponent_err": float("nan")}])
+    assert v["best"] is None and v["inconclusive"]
+    # beside a measured safe retraction, the measured one is recommended and the other named as not judged
+    rows = [unmeasured, _row("qr", "fp32", 3e-7, 0.0, 1.0)]
+    (v,) = sw.verdicts(rows)
+    assert v["best"]["retraction"] == "qr"
+    assert "not judged: cayley-iter" in sw.verdict_lines(rows)[2]
+
+
+def test_a_grid_of_baselines_only_has_no_retraction_to_judge():
+    rows = [{**_row("-", "fp32", 1e-7, 0.0, 0.1), "head": h} for h in ("tied", "untied")]
+    line = sw.verdict_lines(rows)[2]
+    assert "no retraction to judge" in line and "unsafe here" not in line
+
+
+def test_the_verdict_of_a_three_step_compare_is_inconclusive(tmp_path):
+    text = TINY.replace("steps = 60", "steps = 3").replace('["qr", "cayley"]', '["cayley-iter"]').replace(
+        '["fp64", "fp32"]', '["fp64"]').replace("seed = [0, 1]", "seed = [0]")
+    out = tmp_path / "cmp"
+    info = sw.compare(out, sw.load_grid(grid_file(tmp_path, text)), workers=1, progress=False)
+    assert not math.isfinite(info["rows"][0]["growth_exponent"])
+    verdict = (out / "report.md").read_text().split("## Table")[0]
+    assert "inconclusive" in verdict and "**cayley-iter**" not in verdict
+
+
+@pytest.mark.parametrize("fixed, message", [
+    ('shadow = "no"', "shadow must be true or false"),
+    ("teacher = 5", "teacher must be a string"),
+    ("device = 5", "device must be a string"),
+    ('device = "banana"', "unknown device 'banana'"),
+    ('device = "cuda:x"', "unknown device"),
+    ('backend = "numpy"', "numpy backend is the float64 reference"),
+    ("cond = 'x'", "cond must be a number"),
+])
+def test_every_fixed_value_is_checked_before_any_cell_runs(tmp_path, fixed, message):
+    text = TINY + "[fixed]\n" + fixed + "\n"
+    with pytest.raises(PitcheckError, match=message) as exc:
+        sw.load_grid(grid_file(tmp_path, text))
+    assert "\n" not in str(exc.value)
+
+
+def test_cuda_without_a_gpu_is_refused_before_any_cell_runs(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    text = TINY.replace('["fp64", "fp32"]', '["fp32"]') + '[fixed]\ndevice = "cuda"\n'
+    with pytest.raises(PitcheckError, match="no CUDA device"):
+        sw.load_grid(grid_file(tmp_path, text))
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[axes]\nshape = ["64x8\u00b2"]\n', "shape must be 'VxD'"),
+    ('[axes]\nshape = ["\u0664\u0660x8"]\n', "shape must be 'VxD'"),  # Arabic-Indic digits
+    ("[fixed.lm]\nlayers = 2\n", "[fixed.lm] sets options of the lm source, which no cell uses"),
+    ("[fixed]\nsteps = 10\n", "top-level key of the grid"),
+])
+def test_grid_inputs_that_gave_tracebacks_or_were_ignored(tmp_path, text, message):
+    with pytest.raises(PitcheckError, match=message.replace("[", r"\[")) as exc:
+        sw.load_grid(grid_file(tmp_path, text))
+    assert "\n" not in str(exc.value)
+
+
+def test_steps_as_the_message_says_is_accepted(tmp_path):
+    """`[fixed] steps` is told to move to the top level; there it is taken (under [axes] it is refused)."""
+    assert sw.load_grid(grid_file(tmp_path, "steps = 10\n")).steps == 10
+    with pytest.raises(PitcheckError, match="unknown axis 'steps'"):
+        sw.load_grid(grid_file(tmp_path, "[axes]\nsteps = [10]\n"))
+
+
+def test_a_huge_grid_is_refused_from_its_axes_lengths_without_enumerating(tmp_path, monkeypatch):
+    seeds = list(range(1000))
+    text = f"[axes]\nseed = {seeds}\nlr = {[0.001 * (k + 1) for k in range(1000)]}\n"
+    enumerated = []
+    monkeypatch.setattr(sw, "cells", lambda grid: enumerated.append(grid) or [])
+    with pytest.raises(PitcheckError, match="1000000 cells, more than the limit of 10000"):
+        sw.load_grid(grid_file(tmp_path, text))
+    assert not enumerated
+    # --max-cells raises the limit (the grid is then enumerated)
+    sw.load_grid(grid_file(tmp_path, text), max_cells=10**6)
+    assert enumerated
+
+
+def test_compare_max_cells_option(tmp_path, capsys):
+    from pitcheck.cli import main
+
+    path = grid_file(tmp_path)
+    assert main(["compare", "--config", str(path), "--max-cells", "7", "--out", str(tmp_path / "o")]) == 2
+    assert "8 cells, more than the limit of 7" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert main(["compare", "--config", str(path), "--max-cells", "0", "--out", str(tmp_path / "o")]) == 2
+
+
+def test_compare_refuses_to_write_into_a_run_directory(tmp_path, capsys):
+    from pitcheck.cli import main
+    from pitcheck.trajectory import RunConfig
+
+    d = tmp_path / "run"
+    run(RunConfig(vocab=32, dim=4, steps=2), d, progress=False)
+    before = sorted(p.name for p in d.iterdir())
+    assert main(["compare", "--config", str(grid_file(tmp_path)), "--out", str(d), "--no-progress"]) == 2
+    assert "holds a pitcheck run" in capsys.readouterr().err
+    assert sorted(p.name for p in d.iterdir()) == before
 
 
 # ---- sweeps end to end ----------------------------------------------------------------------------
