@@ -113,7 +113,8 @@ def kill_and_resume(argv, out, kills, sig, seed, resume_flag, check, first_file=
     counts = {"kills": 0, "mid_commit": 0, "graceful": 0, "chains_checked": 0}
     launches = 0
     while True:
-        proc = _start(argv + (resume_flag if launches else []), out)
+        # a kill before the run made its directory leaves nothing to resume: start it afresh
+        proc = _start(argv + (resume_flag if launches and (out.exists() or not resume_flag) else []), out)
         launches += 1
         if counts["kills"] < kills:
             try:
