@@ -20,7 +20,6 @@ import math
 import os
 import time
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -247,6 +246,17 @@ def test_bad_arguments_are_one_line_errors():
         get_sharded_retraction("landing")
     with pytest.raises(PitcheckError, match="rank"):
         shard_layout(10, 2).slice(2)
+    with pytest.raises(PitcheckError, match="timeout"):
+        ShardedPool(2, timeout=0)
+
+
+def test_no_process_group_outside_torchrun_is_a_clear_error(monkeypatch):
+    from pitcheck.sharded import ensure_process_group
+
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(PitcheckError, match="torchrun"):
+        ensure_process_group()
 
 
 def test_layout_tiles_the_vocabulary():
