@@ -22,6 +22,7 @@ PROBES = {
     "conditioning": probes.probe_conditioning,
     "gradients": probes.probe_gradients,
     "trajectory": probes.probe_trajectory,
+    "retraction": probes.probe_retraction,
     "checkpoint": probes.probe_checkpoint,
     "bad_input": probes.probe_bad_input,
     "scale": probes.probe_scale,
