@@ -206,10 +206,19 @@ def check_contract(probe: Probe, ctx: Context) -> CheckResult:
         if t["dtype"] in WIDTH and WIDTH[t["dtype"]] < WIDTH[ctx.dtype]:
             v.fail(t["name"], f"{t['kind']} {t['name']} is stored in {t['dtype']}, narrower than {ctx.dtype}")
     # values computed in a narrower format and cast up are all exactly representable in it; values
-    # genuinely computed in the asked format almost never are (a fraction of about 2^-(p - p_narrow))
+    # genuinely computed in the asked format almost never are (a fraction of about 2^-(p - p_narrow)).
+    # Judged on computed values only: at initialisation the maps may be stored values (T = I: E = Z), and
+    # a map unchanged since then shows nothing computed either.
+    initial = [(E, W) for state, E, W in _states(probe) if state.get("at_init")]
     for state, E, W in _states(probe):
-        for narrow in NARROWER[ctx.dtype]:
-            for what, x in (("embedding", E), ("head", W)):
+        if state.get("at_init") or not NARROWER[ctx.dtype]:
+            continue
+        for what, x, k in (("embedding", E, 0), ("head", W, 1)):
+            if any(np.array_equal(x, maps[k]) for maps in initial):
+                v.inconclusive(state["label"], f"the {what} did not change from initialisation: nothing "
+                                               f"computed shows the precision it is computed in")
+                continue
+            for narrow in NARROWER[ctx.dtype]:
                 frac = representable_fraction(x, narrow)
                 row = {"measure": f"{what} entries exact in {narrow}", "raw": frac}
                 if frac > 0.5:
@@ -594,8 +603,18 @@ CHECKS = {
 
 def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
     if "error" in probe.facts:
-        where = f" at {probe.facts['where']}" if probe.facts.get("where") else ""
-        return CheckResult(name, "fail", reason=f"the target raised {probe.facts['error']}{where}")
+        f = probe.facts
+        where = f" at {f['where']}" if f.get("where") else ""
+        by = f.get("by", "target")
+        if by == "breach":
+            return CheckResult(name, "fail", reason=f["error"])
+        if by == "probe":
+            stopped = f"pitcheck's probe stopped{where}: {f['error']}"
+            if f.get("breach"):
+                return CheckResult(name, "fail", reason=f"{f['breach']} ({stopped})")
+            return CheckResult(name, "error", reason=f"{stopped} (on what the target returned; its own code raised "
+                                                     "nothing and no breach of its contract was found)")
+        return CheckResult(name, "fail", reason=f"the target raised {f['error']}{where}")
     try:
         return CHECKS[name](probe, ctx)
     except (KeyError, ValueError, IndexError, np.linalg.LinAlgError) as exc:

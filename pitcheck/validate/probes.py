@@ -49,6 +49,11 @@ def load_probe(path: Path) -> Probe:
     return Probe(arrays=arrays, facts=facts)
 
 
+class TargetFault(Exception):
+    """A breach of the target contract found by pitcheck's probe (a non-finite gradient, an output with no
+    gradient path): the target's fault, though the target's code raised nothing."""
+
+
 def _torch():
     import torch
 
@@ -69,6 +74,7 @@ class Harness:
         self.vocab, self.dim, self.dtype, self.device, self.seed = vocab, dim, dtype, device, seed
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.optimizer = self.make_optimizer()
+        self.own_steps = 0
 
     # ---- what the module computes ----------------------------------------------------------------
     def embed(self, ids):
@@ -121,8 +127,18 @@ class Harness:
             return
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.own_steps += 1
+        moved = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [p.grad for p in moved]
         total = math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads))
+        if not math.isfinite(total):
+            # reported here, not by what a non-finite step breaks later (a factorisation of NaNs)
+            names = {id(p): n for n, p in self.module.named_parameters()}
+            bad = next(p for p in moved if not bool(self.torch.isfinite(p.grad).all()))
+            value = float(bad.grad.detach().double().flatten()[~self.torch.isfinite(bad.grad.detach().double().flatten())][0])
+            raise TargetFault(f"the target's backward gave a non-finite gradient ({value}) for parameter "
+                              f"{names.get(id(bad), '(optimizer tensor)')} at its own step {self.own_steps}, "
+                              "before the step was taken")
         if total > 0 and math.isfinite(total):
             for g in grads:
                 g.mul_(grad_norm / total)
@@ -176,6 +192,26 @@ class Harness:
         return self.drive_spectrum(cond)
 
 
+def gradient_path_breach(h: Harness) -> str:
+    """What in the target's outputs breaks the gradient contract ('' when nothing is found): an output
+    that does not require grad, or one whose graph does not survive a second call and backward (a cached
+    output whose graph was built once)."""
+    torch = h.torch
+    ids = torch.arange(min(h.vocab, 8), device=h.device)
+    hid = h.randn(2, h.dim).to(h.dtype)
+    for what, call in (("embedding", lambda: h.embed(ids)), ("logits", lambda: h.logits(hid))):
+        for attempt in ("first", "second"):
+            out = call()
+            if not out.requires_grad:
+                return f"the target's {what} has no gradient path to its parameters (it does not require grad)"
+            try:
+                out.float().sum().backward()
+            except RuntimeError as exc:
+                return (f"a backward through the target's {what} raised {describe_exception(exc)} at the "
+                        f"{attempt} call: its graph is not built afresh at each call (a cached {what}?)")
+    return ""
+
+
 def to_numpy(x) -> np.ndarray:
     return x.detach().to(device="cpu", dtype=_torch().float64).numpy().copy()
 
@@ -198,7 +234,9 @@ def probe_contract(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
         if t.is_floating_point()
     ]
     E, W = h.maps()
-    out.add_state("init", E, W)
+    # at initialisation the maps may show stored values as they are (T = I: E = Z), exact in a narrower
+    # format by construction (a Hadamard or identity memory, float32 draws cast up): not judged for precision
+    out.add_state("init", E, W, at_init=True)
     h.generic_state(generic_cond)
     E, W = h.maps()
     out.add_state("generic", E, W)
