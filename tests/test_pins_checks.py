@@ -1125,3 +1125,33 @@ def test_contract_does_not_judge_the_initial_state_or_unchanged_maps():
           "logits": {"shape": [2, 3, V], "dtype": "bfloat16"}}
     assert checks.check_contract(probe_of(("init", exact, {"at_init": True}), ("generic", exact), **bf),
                                  BF16).verdict == "pass"
+
+
+def test_retraction_one_zero_residual_has_no_order():
+    r = checks.check_retraction(retraction_probe(Y=lambda t, x: x.copy() if t == STEPS[1] else _polar(x)), FP32)
+    row = [d for d in r.details if d["state"] == "first order"][0]
+    assert math.isnan(row["raw"]) and row["residuals"][1] == 0.0 and "no order can be fitted" in r.reason
+
+
+def test_retraction_noise_is_the_larger_displacement_of_the_two_fixed_points():
+    # R(Z, 0) exact, R(Z Q, 0) at the edge: the noise follows the larger one
+    N = _unit_direction()
+    edge = 0.5 * STEPS[1] ** 2 / checks.TAU
+    r = checks.check_retraction(retraction_probe(RQ=lambda z: z + 1.000001 * edge * N), FP64)
+    assert [d for d in r.details if d["state"] == "first order"][0]["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize("by,verdict,start", [("probe", "fail", "the target's embedding has no gradient path"),
+                                              ("breach", "fail", "boom at step 1"),
+                                              ("target", "fail", "the target raised boom at step 1 at t.py:3")])
+def test_judge_reads_who_raised_from_json_decoded_facts(by, verdict, start):
+    # facts come back through JSON: the strings are not the interned literals
+    facts = json.loads(json.dumps({"error": "boom at step 1", "where": "t.py:3", "by": by,
+                                   "breach": "the target's embedding has no gradient path"}))
+    r = checks.judge("penrose", Probe(facts=facts), FP32)
+    assert r.verdict == verdict and r.reason.startswith(start)
+    if by == "probe":
+        assert r.reason.endswith("(pitcheck's probe stopped at t.py:3: boom at step 1)")
+        facts["breach"] = ""
+        r = checks.judge("penrose", Probe(facts=facts), FP32)
+        assert r.verdict == "error" and r.reason.startswith("pitcheck's probe stopped at t.py:3: boom at step 1")

@@ -438,14 +438,14 @@ def check_retraction(probe: Probe, ctx: Context) -> CheckResult:
             v.inconclusive("memory", f"the tensor {f['memory']} is {apart:.3g} (relative) from the Z the maps use: "
                                      "not the memory itself, so post_step is not judged as its retraction")
             return v.done()
-    moved = 0.0
+    shifts = []
     for label, start, end in (("R(Z, 0)", Z, R0), ("R(Z Q, 0)", probe.arrays["ZQ"], probe.arrays["RQ"])):
         if not np.isfinite(end).all():
             v.fail(label, "post_step on a point of the manifold returned non-finite values")
             return v.done()
-        shift = float(np.linalg.norm(end - start)) / size
-        moved = max(moved, shift)
-        v.ratio(label, shift, ctx.unit(1.0), "displacement ||post_step(X) - X||_F / ||X||_F of X on the manifold")
+        shifts.append(float(np.linalg.norm(end - start)) / size)
+        v.ratio(label, shifts[-1], ctx.unit(1.0), "displacement ||post_step(X) - X||_F / ||X||_F of X on the manifold")
+    moved = max(shifts)
     # what rounding leaves in a residual: the memory's own unit, or what post_step(Z) measurably moved
     noise = max(Context(f["memory_dtype"], UNIT_ROUNDOFF[f["memory_dtype"]], ctx.vocab, ctx.dim).unit(1.0), moved)
     residual = {}
