@@ -1155,3 +1155,10 @@ def test_judge_reads_who_raised_from_json_decoded_facts(by, verdict, start):
         facts["breach"] = ""
         r = checks.judge("penrose", Probe(facts=facts), FP32)
         assert r.verdict == "error" and r.reason.startswith("pitcheck's probe stopped at t.py:3: boom at step 1")
+
+
+def test_retraction_order_spans_the_largest_and_smallest_of_more_steps():
+    steps = (2.0**-5, 2.0**-6, 2.0**-7)
+    r = checks.check_retraction(retraction_probe(steps=steps), FP32)
+    row = [d for d in r.details if d["state"] == "first order"][0]
+    assert row["measure"].endswith("(t = 0.03125, 0.0078125)") and 1.95 < row["raw"] < 2.05
