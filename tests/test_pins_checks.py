@@ -886,3 +886,279 @@ def test_scale_safe_range_ends_at_fmax_over_64_not_below_it():
         p = Probe(facts={"max": 65504.0, "tiny": tiny, "scaled": [{"exponent": 0, "raised": "OverflowError: no"}]},
                   arrays={"base": base, "hidden": hid})
         assert checks.check_scale(p, fp16).verdict == verdict
+
+
+# ---- retraction ------------------------------------------------------------------------------------
+
+STEPS = (2.0**-5, 2.0**-6)
+
+
+def _orthonormal(n, d, seed):
+    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, d)))
+    return q * np.sign(np.diag(r))
+
+
+def _polar(x):
+    u, _, vt = np.linalg.svd(x, full_matrices=False)
+    return u @ vt
+
+
+def _unit_direction(seed=5):
+    """A V x D direction with ||N||_F = ||Z||_F = sqrt(D): residuals added along it are relative."""
+    n = np.random.default_rng(seed).standard_normal((V, D))
+    return n * math.sqrt(D) / np.linalg.norm(n)
+
+
+def retraction_probe(R0=None, RQ=None, Y=None, X=None, maps_memory=None, steps=STEPS, memory_dtype="float64",
+                     **facts):
+    """The arrays probe_retraction returns, for an exact float64 polar retraction unless overridden:
+    Y and X map a step t (and X:t) to the point after and before post_step."""
+    Z = _orthonormal(V, D, 0)
+    Q = _orthonormal(D, D, 1)
+    G = np.random.default_rng(2).standard_normal((V, D))
+    xi = G - Z @ (Z.T @ G)
+    xi *= math.sqrt(D) / np.linalg.norm(xi)
+    Zm = Z if maps_memory is None else maps_memory
+    p = Probe(facts={"post_step": True, "memory": "Z", "memory_dtype": memory_dtype, "steps": list(steps),
+                     **facts})
+    p.add_state("state", Zm.copy(), Zm.T.copy())
+    p.arrays.update({"Z": Z, "R0": Z.copy() if R0 is None else R0(Z), "ZQ": Z @ Q,
+                     "RQ": Z @ Q if RQ is None else RQ(Z @ Q)})
+    for t in steps:
+        x = Z + t * xi if X is None else X(t, Z)
+        p.arrays[f"X:{t!r}"] = x
+        p.arrays[f"Y:{t!r}"] = _polar(x) if Y is None else Y(t, x)
+    return p
+
+
+def retraction_row(result, state, measure):
+    return [d for d in result.details if d["state"] == state and d.get("measure", "").startswith(measure)]
+
+
+def test_retraction_an_exact_retraction_passes_every_measurement():
+    r = checks.check_retraction(retraction_probe(), FP32)
+    assert r.verdict == "pass" and r.threshold == checks.TAU
+    order = retraction_row(r, "first order", "order")[0]
+    assert 1.95 < order["raw"] < 2.05 and order["residuals"][0] > order["residuals"][1]
+    # the worst ratio: the residual at t = 2^-5 in units of t^2 (about 1/2 for the polar map)
+    assert r.value == pytest.approx(order["residuals"][0] / STEPS[0] ** 2, rel=1e-12)
+    assert 0.3 < r.value < 1
+
+
+@pytest.mark.parametrize("which", ["R0", "RQ"])
+def test_retraction_fixed_point_displacement_in_units_of_u_at_tau(which):
+    N = _unit_direction()
+    for factor, verdict in ((0.999, "pass"), (1.001, "fail")):
+        shift = factor * checks.TAU * UNIT32
+        r = checks.check_retraction(retraction_probe(**{which: lambda z: z + shift * N}), FP32)
+        label = "R(Z, 0)" if which == "R0" else "R(Z Q, 0)"
+        row = retraction_row(r, label, "displacement")[0]
+        assert row["verdict"] == verdict and row["raw"] == pytest.approx(shift, rel=1e-9)
+        assert row["ratio"] == pytest.approx(factor * checks.TAU, rel=1e-9)
+        assert r.verdict == verdict
+        if verdict == "fail":
+            assert r.reason.startswith(f"{label}: displacement") and r.value == pytest.approx(factor * 16, rel=1e-9)
+
+
+def test_retraction_non_finite_fixed_points_fail_at_once():
+    for which in ("R0", "RQ"):
+        r = checks.check_retraction(retraction_probe(**{which: lambda z: z * np.nan}), FP32)
+        assert r.verdict == "fail" and "non-finite" in r.reason and r.value is None
+        assert not retraction_row(r, "first order", "order")
+
+
+def test_retraction_order_threshold_is_one_and_a_half():
+    N = _unit_direction()
+    for p, verdict in ((1.5, "pass"), (1.45, "fail")):
+        r = checks.check_retraction(retraction_probe(Y=lambda t, x: x + 0.5 * t**p * N), FP32)
+        row = [d for d in r.details if d["state"] == "first order"][0]
+        assert row["verdict"] == verdict and row["raw"] == pytest.approx(p, abs=1e-9)
+        assert row["residuals"] == pytest.approx([0.5 * STEPS[0] ** p, 0.5 * STEPS[1] ** p], rel=1e-9)
+    assert "scales as t^1.4, not t^2" in r.reason
+
+
+def test_retraction_order_is_fitted_over_the_ratio_of_the_steps():
+    N = _unit_direction()
+    steps = (2.0**-5, 2.0**-7)
+    r = checks.check_retraction(retraction_probe(Y=lambda t, x: _polar(x) + 0.25 * t**3 * N, steps=steps), FP32)
+    row = [d for d in r.details if d["state"] == "first order"][0]
+    assert row["raw"] == pytest.approx(2.0, abs=0.02) and row["measure"].endswith("(t = 0.03125, 0.0078125)")
+
+
+def test_retraction_no_move_at_all_has_no_order():
+    r = checks.check_retraction(retraction_probe(Y=lambda t, x: x.copy()), FP32)
+    row = [d for d in r.details if d["state"] == "first order"][0]
+    assert row["verdict"] == "fail" and math.isnan(row["raw"]) and "no order can be fitted" in row["reason"]
+
+
+def test_retraction_residual_at_the_larger_step_in_units_of_t_squared_at_tau():
+    N = _unit_direction()
+    for a, verdict in ((15.9, "pass"), (16.1, "fail")):
+        r = checks.check_retraction(retraction_probe(Y=lambda t, x: x + a * t**2 * N), FP32)
+        row = retraction_row(r, "t = 0.03125", "||post_step(Z + t xi)")[0]
+        assert row["verdict"] == verdict and row["ratio"] == pytest.approx(a, rel=1e-9)
+        assert row["raw"] == pytest.approx(a * STEPS[0] ** 2, rel=1e-9)
+        assert not retraction_row(r, "t = 0.015625", "||post_step(Z + t xi)")  # judged at the larger step only
+
+
+def _scaled(b):
+    return lambda t, z: z * math.sqrt(1 + b)
+
+
+@pytest.mark.parametrize("before,after,verdict", [(2.0**-10, 0.49 * 2.0**-10, "pass"),
+                                                  (2.0**-10, 0.51 * 2.0**-10, "fail"),
+                                                  (18 * UNIT32, 15.9 * UNIT32, "pass"),
+                                                  (18 * UNIT32, 16.1 * UNIT32, "fail")])
+def test_retraction_must_land_on_the_manifold_or_half_way_nearer(before, after, verdict):
+    r = checks.check_retraction(retraction_probe(X=_scaled(before), Y=lambda t, x: x / math.sqrt(1 + before)
+                                                 * math.sqrt(1 + after)), FP32)
+    for t in STEPS:
+        row = retraction_row(r, f"t = {t:g}", "||Y^T Y - I||_2")[0]
+        assert row["verdict"] == verdict
+        assert row["before"] == pytest.approx(before, rel=1e-6) and row["raw"] == pytest.approx(after, rel=1e-6)
+    if verdict == "fail":
+        assert "off the manifold" in r.reason
+
+
+def test_retraction_non_finite_result_of_a_step_fails():
+    r = checks.check_retraction(retraction_probe(Y=lambda t, x: x * np.nan if t == STEPS[1] else _polar(x)), FP32)
+    assert r.verdict == "fail" and "t = 0.015625: post_step returned non-finite values" in r.reason
+    assert not [d for d in r.details if d["state"] == "first order"]
+
+
+def test_retraction_resolvable_while_sixteen_noise_is_half_the_smaller_step_squared():
+    # the noise is the larger of the memory's unit and what post_step(Z) moved: 16 noise vs (t/2)^2 / 2
+    N = _unit_direction()
+    edge = 0.5 * STEPS[1] ** 2 / checks.TAU
+    for factor, resolved in ((0.999999, True), (1.000001, False)):
+        r = checks.check_retraction(retraction_probe(R0=lambda z: z + factor * edge * N), FP64)
+        rows = [d for d in r.details if d["state"] == "first order"]
+        assert (rows[0]["verdict"] == "inconclusive") is not resolved
+    assert r.verdict == "fail" and r.reason.startswith("R(Z, 0)")  # a failure in fp64 units
+    assert "hides the O(t^2) residual at t = 0.015625" in rows[0]["reason"]
+    for dtype, resolved in (("float32", True), ("float16", False), ("bfloat16", False)):
+        r = checks.check_retraction(retraction_probe(memory_dtype=dtype), FP32)
+        assert (r.verdict == "inconclusive") is not resolved, dtype
+        if not resolved:
+            assert f"the memory is {dtype}" in r.reason
+
+
+def test_retraction_without_post_step_or_memory_is_inconclusive():
+    r = checks.check_retraction(Probe(facts={"post_step": False}), FP32)
+    assert r.verdict == "inconclusive" and "no post_step" in r.reason and r.details[0]["state"] == "post_step"
+    r = checks.check_retraction(Probe(facts={"post_step": True}), FP32)
+    assert r.verdict == "inconclusive" and "no trainable V x D tensor" in r.reason
+
+
+@pytest.mark.parametrize("apart,judged", [(0.099, True), (0.101, False)])
+def test_retraction_judges_only_the_memory_the_maps_use(apart, judged):
+    Z = _orthonormal(V, D, 0)
+    # a rotation in the plane of two columns moves Z by apart (relative): sqrt(4 (1 - cos a) / D)
+    angle = math.acos(1 - apart**2 * D / 4)
+    rot = np.eye(D)
+    rot[:2, :2] = [[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]]
+    r = checks.check_retraction(retraction_probe(maps_memory=Z @ rot), FP32)
+    assert (r.verdict == "pass") is judged
+    if not judged:
+        assert r.verdict == "inconclusive" and "0.101 (relative) from the Z the maps use" in r.reason
+
+
+def test_retraction_maps_that_show_no_memory_do_not_stop_the_judging():
+    for maps in (np.full((V, D), np.nan), np.zeros((V, D))):
+        assert checks.check_retraction(retraction_probe(maps_memory=maps), FP32).verdict == "pass"
+
+
+def test_stiefel_distance_and_memory_from_maps():
+    Z = _orthonormal(V, D, 3)
+    assert checks.stiefel_distance(Z * math.sqrt(1 + 2.0**-8)) == pytest.approx(2.0**-8, rel=1e-9)
+    y = Z.copy()
+    y[:, 0] *= math.sqrt(1 - 2.0**-6)
+    assert checks.stiefel_distance(y) == pytest.approx(2.0**-6, rel=1e-9)  # a shrinking column counts too
+    E, W = maps(cond=100.0)
+    Zr, _ = pit_pair(V, D, 100.0, 0)
+    assert np.abs(checks.memory_from_maps(E, W) - Zr).max() < 1e-12
+    assert checks.memory_from_maps(E * np.nan, W) is None
+    assert checks.memory_from_maps(E, np.zeros_like(W)) is None
+
+
+def test_a_failure_without_a_failing_ratio_shows_no_ratio():
+    v = Verdicts("x", FP32)
+    v.ratio("ok", UNIT32, UNIT32, "error")
+    v.fail("broken", "non-finite")
+    r = v.done()
+    assert r.verdict == "fail" and r.value is None and r.measured is None
+    v = Verdicts("x", FP32)
+    v.ratio("bad", 20 * UNIT32, UNIT32, "error")
+    v.fail("broken", "non-finite")
+    r = v.done()
+    assert r.value == pytest.approx(20) and r.measured == pytest.approx(20 * UNIT32)
+    v = Verdicts("x", FP32)
+    v.ratio("edge", 16 * UNIT32, UNIT32, "error")
+    v.fail("broken", "non-finite")
+    assert v.done().value is None  # 16 passes: not the failure's size
+
+
+# ---- contract: precision judged on computed maps ------------------------------------------------------
+
+def test_contract_does_not_judge_the_initial_state_or_unchanged_maps():
+    exact = _half_exact(1.0)  # every entry exact in bfloat16
+    E, W = maps()
+    computed = (E + 1e-3 / 3, W + 1e-3 / 3)
+    facts = {"embed": {"shape": [2, 3, D], "dtype": "float32"}, "logits": {"shape": [2, 3, V], "dtype": "float32"},
+             "tensors": []}
+    p = probe_of(("init", exact, {"at_init": True}), ("generic", computed), **facts)
+    r = checks.check_contract(p, FP32)
+    assert r.verdict == "pass" and not rows_of(r, "init")
+    assert len(rows_of(r, "generic")) == 4  # two maps, two narrower formats
+    # without the flag the same values are judged
+    assert checks.check_contract(probe_of(("init", exact), ("generic", computed), **facts), FP32).verdict == "fail"
+    # a map that did not move since initialisation shows nothing computed: that map is not judged
+    p = probe_of(("init", exact, {"at_init": True}), ("generic", (exact[0], computed[1])), **facts)
+    r = checks.check_contract(p, FP32)
+    assert r.verdict == "inconclusive" and "generic: the embedding did not change from initialisation" in r.reason
+    assert [d["measure"] for d in rows_of(r, "generic") if "measure" in d] == [
+        "head entries exact in bfloat16", "head entries exact in float16"]
+    p = probe_of(("init", exact, {"at_init": True}), ("generic", (computed[0], exact[1])), **facts)
+    assert "the head did not change" in checks.check_contract(p, FP32).reason
+    # a dtype with no narrower format judges nothing, so nothing is unresolved
+    bf = {**facts, "embed": {"shape": [2, 3, D], "dtype": "bfloat16"},
+          "logits": {"shape": [2, 3, V], "dtype": "bfloat16"}}
+    assert checks.check_contract(probe_of(("init", exact, {"at_init": True}), ("generic", exact), **bf),
+                                 BF16).verdict == "pass"
+
+
+def test_retraction_one_zero_residual_has_no_order():
+    r = checks.check_retraction(retraction_probe(Y=lambda t, x: x.copy() if t == STEPS[1] else _polar(x)), FP32)
+    row = [d for d in r.details if d["state"] == "first order"][0]
+    assert math.isnan(row["raw"]) and row["residuals"][1] == 0.0 and "no order can be fitted" in r.reason
+
+
+def test_retraction_noise_is_the_larger_displacement_of_the_two_fixed_points():
+    # R(Z, 0) exact, R(Z Q, 0) at the edge: the noise follows the larger one
+    N = _unit_direction()
+    edge = 0.5 * STEPS[1] ** 2 / checks.TAU
+    r = checks.check_retraction(retraction_probe(RQ=lambda z: z + 1.000001 * edge * N), FP64)
+    assert [d for d in r.details if d["state"] == "first order"][0]["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize("by,verdict,start", [("probe", "fail", "the target's embedding has no gradient path"),
+                                              ("breach", "fail", "boom at step 1"),
+                                              ("target", "fail", "the target raised boom at step 1 at t.py:3")])
+def test_judge_reads_who_raised_from_json_decoded_facts(by, verdict, start):
+    # facts come back through JSON: the strings are not the interned literals
+    facts = json.loads(json.dumps({"error": "boom at step 1", "where": "t.py:3", "by": by,
+                                   "breach": "the target's embedding has no gradient path"}))
+    r = checks.judge("penrose", Probe(facts=facts), FP32)
+    assert r.verdict == verdict and r.reason.startswith(start)
+    if by == "probe":
+        assert r.reason.endswith("(pitcheck's probe stopped at t.py:3: boom at step 1)")
+        facts["breach"] = ""
+        r = checks.judge("penrose", Probe(facts=facts), FP32)
+        assert r.verdict == "error" and r.reason.startswith("pitcheck's probe stopped at t.py:3: boom at step 1")
+
+
+def test_retraction_order_spans_the_largest_and_smallest_of_more_steps():
+    steps = (2.0**-5, 2.0**-6, 2.0**-7)
+    r = checks.check_retraction(retraction_probe(steps=steps), FP32)
+    row = [d for d in r.details if d["state"] == "first order"][0]
+    assert row["measure"].endswith("(t = 0.03125, 0.0078125)") and 1.95 < row["raw"] < 2.05

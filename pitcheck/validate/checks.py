@@ -150,6 +150,10 @@ class Verdicts:
     def done(self) -> CheckResult:
         if self.failures:
             self.result.verdict, self.result.reason = "fail", "; ".join(self.failures[:3])
+            if self.result.value is not None and self.result.value <= TAU:
+                # the failure has no ratio (non-finite maps, a wrong shape): a passing measurement's ratio
+                # beside it would read as the failure's size
+                self.result.value = self.result.measured = None
         elif self.unresolved:
             self.result.verdict, self.result.reason = "inconclusive", "; ".join(self.unresolved[:2])
         elif not self.result.details:
@@ -202,10 +206,19 @@ def check_contract(probe: Probe, ctx: Context) -> CheckResult:
         if t["dtype"] in WIDTH and WIDTH[t["dtype"]] < WIDTH[ctx.dtype]:
             v.fail(t["name"], f"{t['kind']} {t['name']} is stored in {t['dtype']}, narrower than {ctx.dtype}")
     # values computed in a narrower format and cast up are all exactly representable in it; values
-    # genuinely computed in the asked format almost never are (a fraction of about 2^-(p - p_narrow))
+    # genuinely computed in the asked format almost never are (a fraction of about 2^-(p - p_narrow)).
+    # Judged on computed values only: at initialisation the maps may be stored values (T = I: E = Z), and
+    # a map unchanged since then shows nothing computed either.
+    initial = [(E, W) for state, E, W in _states(probe) if state.get("at_init")]
     for state, E, W in _states(probe):
-        for narrow in NARROWER[ctx.dtype]:
-            for what, x in (("embedding", E), ("head", W)):
+        if state.get("at_init") or not NARROWER[ctx.dtype]:
+            continue
+        for what, x, k in (("embedding", E, 0), ("head", W, 1)):
+            if any(np.array_equal(x, maps[k]) for maps in initial):
+                v.inconclusive(state["label"], f"the {what} did not change from initialisation: nothing "
+                                               f"computed shows the precision it is computed in")
+                continue
+            for narrow in NARROWER[ctx.dtype]:
                 frac = representable_fraction(x, narrow)
                 row = {"measure": f"{what} entries exact in {narrow}", "raw": frac}
                 if frac > 0.5:
@@ -375,6 +388,105 @@ def check_trajectory(probe: Probe, ctx: Context) -> CheckResult:
     return v.done()
 
 
+# The retraction check. Its first-order test fits the order of the residual r(t) = ||R(Z + t xi) - (Z + t xi)||
+# at two step sizes: 2 for a retraction, 1 for a map off by O(t), 0 for a jump; below this it fails.
+ORDER_MIN = 1.5
+# A V x D tensor further than this (relative, Frobenius) from the Z the maps show is not the memory (a
+# parametrisation's raw tensor): post_step is then not judged as its retraction.
+MEMORY_MATCH = 0.1
+# post_step must take Z + t xi onto the manifold (within TAU units) or at least this much nearer to it:
+# approximate retractions (truncated Cayley series) land O(t^3) off it, a no-op stays where it was.
+PULL = 0.5
+
+
+def stiefel_distance(Y: np.ndarray) -> float:
+    """||Y^T Y - I||_2 (a D x D Gram: O(V D^2))."""
+    G = Y.T @ Y
+    return float(np.max(np.abs(np.linalg.eigvalsh(0.5 * (G + G.T)) - 1.0)))
+
+
+def memory_from_maps(E: np.ndarray, W: np.ndarray):
+    """Z = W^T T^{-1} with T = (W W^T)^{1/2}: the memory the maps use; None where the maps cannot show it."""
+    if not (np.isfinite(E).all() and np.isfinite(W).all()):
+        return None
+    ev, Q = np.linalg.eigh(W @ W.T)
+    if not ev[0] > 0:
+        return None
+    return W.T @ ((Q / np.sqrt(ev)) @ Q.T)
+
+
+def check_retraction(probe: Probe, ctx: Context) -> CheckResult:
+    """post_step as a retraction of the stored memory Z: R(Z, 0) = Z within units of u of the dtype under
+    test; R(Z + t xi) - (Z + t xi) = O(t^2) for a tangent xi (fitted order >= ORDER_MIN, the residual at the
+    larger step within TAU units of t^2 ||xi||^2 / ||Z||); and R(Z + t xi) on the manifold or nearer it."""
+    v = Verdicts("retraction", ctx)
+    f = probe.facts
+    if not f.get("post_step"):
+        v.inconclusive("post_step", "the module has no post_step: no retraction to judge (a parametrisation keeps "
+                                    "Z on the manifold, or nothing does: the trajectory check judges that)")
+        return v.done()
+    if "memory" not in f:
+        v.inconclusive("memory", "the optimizer moves no trainable V x D tensor: post_step retracts no memory")
+        return v.done()
+    Z, R0 = probe.arrays["Z"], probe.arrays["R0"]
+    size = float(np.linalg.norm(Z))
+    _, E, W = next(_states(probe))
+    Z_maps = memory_from_maps(E, W)
+    if Z_maps is not None:
+        apart = float(np.linalg.norm(Z - Z_maps)) / size
+        if not apart <= MEMORY_MATCH:
+            v.inconclusive("memory", f"the tensor {f['memory']} is {apart:.3g} (relative) from the Z the maps use: "
+                                     "not the memory itself, so post_step is not judged as its retraction")
+            return v.done()
+    shifts = []
+    for label, start, end in (("R(Z, 0)", Z, R0), ("R(Z Q, 0)", probe.arrays["ZQ"], probe.arrays["RQ"])):
+        if not np.isfinite(end).all():
+            v.fail(label, "post_step on a point of the manifold returned non-finite values")
+            return v.done()
+        shifts.append(float(np.linalg.norm(end - start)) / size)
+        v.ratio(label, shifts[-1], ctx.unit(1.0), "displacement ||post_step(X) - X||_F / ||X||_F of X on the manifold")
+    moved = max(shifts)
+    # what rounding leaves in a residual: the memory's own unit, or what post_step(Z) measurably moved
+    noise = max(Context(f["memory_dtype"], UNIT_ROUNDOFF[f["memory_dtype"]], ctx.vocab, ctx.dim).unit(1.0), moved)
+    residual = {}
+    for t in f["steps"]:
+        X, Y = probe.arrays[f"X:{t!r}"], probe.arrays[f"Y:{t!r}"]
+        label = f"t = {t:g}"
+        if not np.isfinite(Y).all():
+            v.fail(label, "post_step returned non-finite values")
+            continue
+        residual[t] = float(np.linalg.norm(Y - X)) / size
+        before, after = stiefel_distance(X), stiefel_distance(Y)
+        row = {"measure": "||Y^T Y - I||_2 after post_step", "raw": after, "before": before}
+        if after <= TAU * ctx.unit(1.0) or after <= PULL * before:
+            v.result.details.append({"state": label, "verdict": "pass", **row})
+        else:
+            v.fail(label, f"post_step left Z + t xi off the manifold: ||Z^T Z - I||_2 {after:.3g} after it, "
+                          f"{before:.3g} before (a retraction lands on the manifold)", **row)
+    if len(residual) < 2:
+        return v.done()
+    big, small = max(residual), min(residual)
+    if TAU * noise > 0.5 * small**2:
+        v.inconclusive("first order", f"rounding in post_step ({noise:.2g}: the memory is {f['memory_dtype']}, "
+                                      f"post_step(Z) moved it {moved:.2g}) hides the O(t^2) residual at t = {small:g}")
+        return v.done()
+    r_big, r_small = residual[big], residual[small]
+    order = math.log(r_big / r_small) / math.log(big / small) if r_big > 0 and r_small > 0 else math.nan
+    row = {"measure": f"order of ||R(Z + t xi) - (Z + t xi)|| (t = {big:g}, {small:g})", "raw": order,
+           "residuals": [r_big, r_small]}
+    sizes = f"{r_big:.3g} at t = {big:g}, {r_small:.3g} at t = {small:g}"
+    if math.isnan(order):
+        v.fail("first order", f"post_step(Z + t xi) - (Z + t xi) is {sizes}: no order can be fitted "
+                              "(post_step left the point where it was)", **row)
+    elif not order >= ORDER_MIN:
+        v.fail("first order", f"post_step(Z + t xi) - (Z + t xi) scales as t^{order:.2g}, not t^2 ({sizes}): "
+                              "not a retraction", **row)
+    else:
+        v.result.details.append({"state": "first order", "verdict": "pass", **row})
+    v.ratio(f"t = {big:g}", r_big, big**2, "||post_step(Z + t xi) - (Z + t xi)||_F / ||Z||_F in units of t^2")
+    return v.done()
+
+
 def check_checkpoint(probe: Probe, ctx: Context) -> CheckResult:
     v = Verdicts("checkpoint", ctx)
     maps = {s["label"]: (E, W) for s, E, W in _states(probe)}
@@ -482,6 +594,7 @@ CHECKS = {
     "conditioning": check_conditioning,
     "gradients": check_gradients,
     "trajectory": check_trajectory,
+    "retraction": check_retraction,
     "checkpoint": check_checkpoint,
     "bad_input": check_bad_input,
     "scale": check_scale,
@@ -490,8 +603,18 @@ CHECKS = {
 
 def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
     if "error" in probe.facts:
-        where = f" at {probe.facts['where']}" if probe.facts.get("where") else ""
-        return CheckResult(name, "fail", reason=f"the target raised {probe.facts['error']}{where}")
+        f = probe.facts
+        where = f" at {f['where']}" if f.get("where") else ""
+        by = f.get("by", "target")
+        if by == "breach":
+            return CheckResult(name, "fail", reason=f["error"])
+        if by == "probe":
+            stopped = f"pitcheck's probe stopped{where}: {f['error']}"
+            if f.get("breach"):
+                return CheckResult(name, "fail", reason=f"{f['breach']} ({stopped})")
+            return CheckResult(name, "error", reason=f"{stopped} (on what the target returned; its own code raised "
+                                                     "nothing and no breach of its contract was found)")
+        return CheckResult(name, "fail", reason=f"the target raised {f['error']}{where}")
     try:
         return CHECKS[name](probe, ctx)
     except (KeyError, ValueError, IndexError, np.linalg.LinAlgError) as exc:

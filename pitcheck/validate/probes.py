@@ -49,6 +49,11 @@ def load_probe(path: Path) -> Probe:
     return Probe(arrays=arrays, facts=facts)
 
 
+class TargetFault(Exception):
+    """A breach of the target contract found by pitcheck's probe (a non-finite gradient, an output with no
+    gradient path): the target's fault, though the target's code raised nothing."""
+
+
 def _torch():
     import torch
 
@@ -69,6 +74,7 @@ class Harness:
         self.vocab, self.dim, self.dtype, self.device, self.seed = vocab, dim, dtype, device, seed
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.optimizer = self.make_optimizer()
+        self.own_steps = 0
 
     # ---- what the module computes ----------------------------------------------------------------
     def embed(self, ids):
@@ -121,8 +127,18 @@ class Harness:
             return
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.own_steps += 1
+        moved = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [p.grad for p in moved]
         total = math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads))
+        if not math.isfinite(total):
+            # reported here, not by what a non-finite step breaks later (a factorisation of NaNs)
+            names = {id(p): n for n, p in self.module.named_parameters()}
+            bad = next(p for p in moved if not bool(self.torch.isfinite(p.grad).all()))
+            value = float(bad.grad.detach().double().flatten()[~self.torch.isfinite(bad.grad.detach().double().flatten())][0])
+            raise TargetFault(f"the target's backward gave a non-finite gradient ({value}) for parameter "
+                              f"{names.get(id(bad), '(optimizer tensor)')} at its own step {self.own_steps}, "
+                              "before the step was taken")
         if total > 0 and math.isfinite(total):
             for g in grads:
                 g.mul_(grad_norm / total)
@@ -176,6 +192,26 @@ class Harness:
         return self.drive_spectrum(cond)
 
 
+def gradient_path_breach(h: Harness) -> str:
+    """What in the target's outputs breaks the gradient contract ('' when nothing is found): an output
+    that does not require grad, or one whose graph does not survive a second call and backward (a cached
+    output whose graph was built once)."""
+    torch = h.torch
+    ids = torch.arange(min(h.vocab, 8), device=h.device)
+    hid = h.randn(2, h.dim).to(h.dtype)
+    for what, call in (("embedding", lambda: h.embed(ids)), ("logits", lambda: h.logits(hid))):
+        for attempt in ("first", "second"):
+            out = call()
+            if not out.requires_grad:
+                return f"the target's {what} has no gradient path to its parameters (it does not require grad)"
+            try:
+                out.float().sum().backward()
+            except RuntimeError as exc:
+                return (f"a backward through the target's {what} raised {describe_exception(exc)} at the "
+                        f"{attempt} call: its graph is not built afresh at each call (a cached {what}?)")
+    return ""
+
+
 def to_numpy(x) -> np.ndarray:
     return x.detach().to(device="cpu", dtype=_torch().float64).numpy().copy()
 
@@ -198,7 +234,9 @@ def probe_contract(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
         if t.is_floating_point()
     ]
     E, W = h.maps()
-    out.add_state("init", E, W)
+    # at initialisation the maps may show stored values as they are (T = I: E = Z), exact in a narrower
+    # format by construction (a Hadamard or identity memory, float32 draws cast up): not judged for precision
+    out.add_state("init", E, W, at_init=True)
     h.generic_state(generic_cond)
     E, W = h.maps()
     out.add_state("generic", E, W)
@@ -410,6 +448,101 @@ def probe_trajectory(h: Harness, steps: int = 200, shadow=None, **_) -> Probe:
         h.own_step(*adversary_loss(h, step, rng))
         if shadow is not None:
             shadow.own_step(*adversary_loss(shadow, step, shadow_rng))
+    return out
+
+
+# step sizes of the retraction probe's first-order test: t^2 (1e-3) far above fp32 rounding of the
+# residual, t small enough that the t^3 term barely moves the fitted order, and an O(t) residual 1/t = 32
+# times t^2 (above the threshold 16)
+RETRACTION_STEPS = (2.0**-5, 2.0**-6)
+
+
+def memory_parameter(h: Harness):
+    """(name, tensor, transposed) of the V x D tensor the optimizer moves (the memory Z), or None.
+
+    Among trainable floating tensors of shape (V, D) or (D, V) that the module's optimizer updates (its
+    parameters when it has none), the one nearest orthonormal: a parametrisation's raw tensor is not."""
+    torch = h.torch
+    names = {id(p): n for n, p in h.module.named_parameters()}
+    moved = ([p for g in h.optimizer.param_groups for p in g["params"]] if h.optimizer is not None
+             else list(h.module.parameters()))
+    best = None
+    for p in moved:
+        if not (p.is_floating_point() and p.requires_grad and p.dim() == 2):
+            continue
+        if tuple(p.shape) == (h.vocab, h.dim):
+            transposed = False
+        elif tuple(p.shape) == (h.dim, h.vocab):
+            transposed = True
+        else:
+            continue
+        with torch.no_grad():
+            z = p.detach().to(torch.float64)
+            z = z.T if transposed else z
+            off = float(torch.linalg.matrix_norm(z.T @ z - torch.eye(h.dim, dtype=torch.float64, device=z.device), 2))
+        if best is None or not off >= best[0]:
+            best = (off, names.get(id(p), "(optimizer tensor)"), p, transposed)
+    return None if best is None else best[1:]
+
+
+def probe_retraction(h: Harness, own_steps: int = 3, **_) -> Probe:
+    """post_step as a retraction R of the stored memory Z (V x D), at a state after a few own steps:
+    R(Z, 0) (post_step with no move); R(Z Q, 0) at another point of the manifold (Q a random orthogonal
+    D x D: a retraction fixes every point, not only those its own convention produces); and R(Z + t xi)
+    for a tangent xi at two step sizes. The memory is set directly and the module's state (Cayley anchors,
+    buffers) restored from a state_dict before each call; buffers that hold a copy of the memory (an
+    anchor: the point the module last retracted to) move with it to Z Q, and stay at Z for Z + t xi (the
+    optimizer's move from there). xi = (I - Z Z^T) G + Z Omega (Omega skew): O(V D^2), no V x V matrix."""
+    torch = h.torch
+    out = Probe()
+    out.facts["post_step"] = callable(getattr(h.module, "post_step", None))
+    if not out.facts["post_step"]:
+        return out
+    for _ in range(own_steps):
+        h.own_step(h.random_loss())
+    found = memory_parameter(h)
+    if found is None:
+        return out
+    name, memory, transposed = found
+    out.facts.update({"memory": name, "memory_dtype": str(memory.dtype).replace("torch.", ""),
+                      "steps": list(RETRACTION_STEPS)})
+    out.add_state("state", *h.maps())
+    anchors = [b for _, b in h.module.named_buffers() if b.shape == memory.shape and torch.equal(b, memory)]
+
+    def read():
+        z = to_numpy(memory)
+        return z.T.copy() if transposed else z
+
+    def write(z: np.ndarray, *also):
+        t = torch.from_numpy(z.T.copy() if transposed else z).to(memory.device, memory.dtype)
+        with torch.no_grad():
+            for x in (memory, *also):
+                x.copy_(t.to(x.dtype))
+
+    snapshot = {k: v.detach().clone() for k, v in h.module.state_dict().items()}
+    Z = read()
+    out.arrays["Z"] = Z
+    h.post_step()
+    out.arrays["R0"] = read()
+    g = torch.Generator().manual_seed(h.seed + 17)
+    q, r = torch.linalg.qr(torch.randn(h.dim, h.dim, generator=g, dtype=torch.float64))
+    rotation = (q * torch.sign(torch.diagonal(r))).numpy()
+    h.module.load_state_dict(snapshot)
+    write(Z @ rotation, *anchors)
+    out.arrays["ZQ"] = read()
+    h.post_step()
+    out.arrays["RQ"] = read()
+    G = torch.randn(h.vocab, h.dim, generator=g, dtype=torch.float64).numpy()
+    A = torch.randn(h.dim, h.dim, generator=g, dtype=torch.float64).numpy()
+    xi = G - Z @ (Z.T @ G) + Z @ (0.5 * (A - A.T))
+    xi *= np.linalg.norm(Z) / np.linalg.norm(xi)
+    for t in RETRACTION_STEPS:
+        h.module.load_state_dict(snapshot)
+        write(Z, *anchors)  # state outside the state_dict (a memory kept as an attribute) back at Z too
+        write(Z + t * xi)
+        out.arrays[f"X:{t!r}"] = read()  # the point as stored (rounded to the memory's dtype)
+        h.post_step()
+        out.arrays[f"Y:{t!r}"] = read()
     return out
 
 

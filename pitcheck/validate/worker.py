@@ -22,6 +22,7 @@ PROBES = {
     "conditioning": probes.probe_conditioning,
     "gradients": probes.probe_gradients,
     "trajectory": probes.probe_trajectory,
+    "retraction": probes.probe_retraction,
     "checkpoint": probes.probe_checkpoint,
     "bad_input": probes.probe_bad_input,
     "scale": probes.probe_scale,
@@ -81,16 +82,58 @@ def collect(factory, request: dict, out: Path, log) -> None:
                 extra["conds"] = request["conds"]
             probe = PROBES[name](h, **extra)
         except Exception as exc:
-            probe = probes.Probe(facts={"error": probes.describe_exception(exc),
-                                        "where": _target_frame(exc)})
+            probe = probes.Probe(facts=blame(exc, harness))
         probes.save_probe(out / f"{name}.npz", probe)
         log(f"done {name}")
 
 
-def _target_frame(exc: BaseException) -> str:
-    """The innermost frame outside pitcheck: where in the target's code the exception came from."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "pitcheck/validate" not in f.filename]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+def _as_dirs(paths) -> tuple[str, ...]:
+    return tuple(os.path.join(os.path.realpath(p), "") for p in paths)
+
+
+def _is_library(path: str) -> bool:
+    """Code that is neither the target's nor the probe's: torch, numpy, the standard library (not the
+    site-packages inside it, where a target may be installed)."""
+    import sysconfig
+
+    import numpy
+    import torch
+
+    paths = sysconfig.get_paths()
+    if path.startswith(_as_dirs([os.path.dirname(torch.__file__), os.path.dirname(numpy.__file__)])):
+        return True
+    return path.startswith(_as_dirs([paths["stdlib"], paths["platstdlib"]])) and \
+        not path.startswith(_as_dirs([paths["purelib"], paths["platlib"]]))
+
+
+PROBE_DIR = os.path.join(os.path.dirname(os.path.realpath(probes.__file__)), "")
+
+
+def _culprit_frame(exc: BaseException):
+    """The innermost frame that is not library code: the target's, or pitcheck's probe's when the error
+    came from a library call the probe made itself (its loss's backward, a factorisation)."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.realpath(frame.filename)
+        if not (frame.filename.startswith("<") or _is_library(path)):
+            return frame, path.startswith(PROBE_DIR)
+    return None, False
+
+
+def blame(exc: BaseException, harness) -> dict:
+    """The facts of a probe that raised: the target raised (with where), the probe found the target in
+    breach of its contract, or the probe itself failed (and what, if anything, the target did wrong)."""
+    if isinstance(exc, probes.TargetFault):
+        return {"error": str(exc), "by": "breach"}
+    frame, in_probe = _culprit_frame(exc)
+    where = f"{frame.filename}:{frame.lineno}" if frame else ""
+    if not in_probe:
+        return {"error": probes.describe_exception(exc), "where": where, "by": "target"}
+    try:
+        breach = probes.gradient_path_breach(harness())
+    except Exception as again:  # the target's own code raised this time: that is the breach
+        breach = f"the target raised {probes.describe_exception(again)}"
+    return {"error": probes.describe_exception(exc), "where": f"{os.path.basename(frame.filename)}:"
+            f"{frame.lineno} ({frame.name})", "by": "probe", "breach": breach}
 
 
 def main(argv: list[str]) -> int:

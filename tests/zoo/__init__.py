@@ -19,6 +19,8 @@ CAUGHT_BY = {
     "broken_checkpoint": "checkpoint",
     "broken_negative_ids": "bad_input",
     "broken_scale": "scale",
+    "broken_qr_no_sign_fix": "retraction",
+    "broken_rerandomise": "retraction",
     "hf_tied_gpt2": "penrose",  # standard tying is not PIT
 }
 

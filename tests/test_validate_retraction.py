@@ -1,0 +1,95 @@
+"""The `retraction` check end to end in this process (probe on a real module, then the judging): every
+retraction pitcheck ships passes inside pitcheck.nn's post_step, as do the zoo's retracting modules; a
+post_step that is not a retraction fails, each for the reason that makes it one."""
+import functools
+import importlib
+
+import pytest
+import torch
+
+import pitcheck.nn
+from pitcheck.retractions import RETRACTIONS
+from pitcheck.validate import probes
+from pitcheck.validate.checks import Context, judge
+from pitcheck.validate.target import UNIT_ROUNDOFF, build
+
+V, D = 128, 8
+# not retractions: 'none' is the Euclidean baseline, ns5 an approximate orthogonalisation (APPROXIMATE)
+NOT_RETRACTIONS = ("none", "ns5")
+
+
+def retraction_check(factory, dtype="float32"):
+    module = build(factory, V, D, dtype, "cpu", 0)
+    harness = probes.Harness(module, V, D, getattr(torch, dtype), "cpu", 0)
+    return judge("retraction", probes.probe_retraction(harness), Context(dtype, UNIT_ROUNDOFF[dtype], V, D))
+
+
+def zoo(name):
+    return importlib.import_module(f"tests.zoo.{name}").make
+
+
+def row(result, state):
+    return next(d for d in result.details if d["state"] == state)
+
+
+SHIPPED = sorted(set(RETRACTIONS) - set(NOT_RETRACTIONS))
+
+
+@pytest.mark.parametrize("name,dtype", [(n, "float32") for n in SHIPPED] +
+                         [(n, dt) for n in ("qr", "cayley") for dt in ("float64", "bfloat16")])
+def test_every_retraction_pitcheck_ships_passes_inside_post_step(name, dtype):
+    result = retraction_check(functools.partial(pitcheck.nn.make, retraction=name), dtype)
+    assert result.verdict == "pass", result.reason
+    assert 1.9 < row(result, "first order")["raw"] < 2.1  # the fitted order of the residual
+    assert result.value < 4
+
+
+@pytest.mark.parametrize("name", ["correct_cayley", "correct_cholesky_qr", "correct_upper_polar"])
+def test_zoo_modules_that_retract_pass(name):
+    result = retraction_check(zoo(name))
+    assert result.verdict == "pass", result.reason
+
+
+def test_reference_module_passes_in_float64_with_every_measurement_resolved():
+    result = retraction_check(pitcheck.nn.make, "float64")
+    assert result.verdict == "pass"
+    assert {d["state"] for d in result.details} == {"R(Z, 0)", "R(Z Q, 0)", "t = 0.03125", "t = 0.015625",
+                                                    "first order"}
+    assert all(d["verdict"] == "pass" for d in result.details)
+
+
+def test_qr_without_the_sign_fix_fails_at_a_point_its_own_convention_did_not_produce():
+    result = retraction_check(zoo("broken_qr_no_sign_fix"))
+    assert result.verdict == "fail" and "R(Z Q, 0)" in result.reason
+    # columns flip: ||post_step(Z Q) - Z Q||_F / ||Z||_F = 2 sqrt(flipped / D), far above u
+    assert row(result, "R(Z Q, 0)")["raw"] > 0.3 and result.value > 1e5
+
+
+def test_a_post_step_that_draws_a_fresh_orthonormal_z_fails():
+    result = retraction_check(zoo("broken_rerandomise"))
+    assert result.verdict == "fail" and "R(Z, 0)" in result.reason
+    assert row(result, "R(Z, 0)")["raw"] > 1.0
+
+
+def test_ns5_is_not_a_retraction_it_moves_points_of_the_manifold():
+    result = retraction_check(functools.partial(pitcheck.nn.make, retraction="ns5"))
+    assert result.verdict == "fail" and "R(Z, 0)" in result.reason
+
+
+def test_no_retraction_leaves_the_point_off_the_manifold():
+    # the Euclidean step (post_step projects the move, retracts nothing) and a post_step that does nothing
+    for factory in (functools.partial(pitcheck.nn.make, retraction="none"), zoo("broken_no_retraction")):
+        result = retraction_check(factory)
+        assert result.verdict == "fail" and "off the manifold" in result.reason
+        assert result.value is None  # its only ratios passed: none is shown beside the failure
+
+
+def test_a_module_without_post_step_is_inconclusive_not_a_pass():
+    result = retraction_check(zoo("correct_eigen"))
+    assert result.verdict == "inconclusive" and "no post_step" in result.reason
+
+
+def test_a_memory_in_bfloat16_cannot_resolve_the_first_order_residual():
+    result = retraction_check(zoo("broken_bf16_storage"), "bfloat16")
+    assert result.verdict == "inconclusive" and "bfloat16" in result.reason
+    assert row(result, "R(Z, 0)")["verdict"] == "pass"
