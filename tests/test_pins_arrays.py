@@ -217,6 +217,8 @@ def test_isfinite_all_torch_sees_one_bad_entry_at_either_end():
     assert ops.isfinite_all(torch.tensor([1.0, float("-inf")])) is False
     assert ops.isfinite_all(torch.tensor([float("nan"), 1.0])) is False
     assert ops.isfinite_all(torch.tensor([1.0, 2.0])) is True
+    assert ops.isfinite_all(torch.tensor([float("nan")])) is False  # one entry: not the empty case
+    assert ops.isfinite_all(torch.tensor([3.0])) is True
 
 
 def test_ops_for_picks_the_library_of_its_argument():

@@ -186,6 +186,19 @@ def test_reproject_threshold_reprojects_above_it_and_records_before_and_after():
     np.testing.assert_allclose(_master(eng)["Z"], Zn, atol=1e-16)
 
 
+def test_reproject_threshold_is_exclusive():
+    """A drift exactly at the threshold is left alone: the guard fires above it."""
+    probe = _engine("sgd", lr=0.2)
+    probe.step({"Z": GZ, "L": GL}, 0)
+    Zn = _master(probe)["Z"]
+    gram_err = float(np.linalg.norm(Zn.T @ Zn - np.eye(2)))
+    eng = _engine("sgd", lr=0.2, reproject_threshold=gram_err)
+    assert eng.step({"Z": GZ, "L": GL}, 0) == []
+    np.testing.assert_array_equal(_master(eng)["Z"], Zn)
+    eng = _engine("sgd", lr=0.2, reproject_threshold=np.nextafter(gram_err, 0))
+    assert [e["event"] for e in eng.step({"Z": GZ, "L": GL}, 0)] == ["reprojected"]
+
+
 # ---- fp16 loss scaling -------------------------------------------------------------------------------
 def test_fp16_gradients_are_unscaled_before_the_step():
     """fp16: the gradient is multiplied by the loss scale 2^16 to fit fp16, and divided by it again
@@ -507,6 +520,8 @@ def test_step_settings_refuse_bad_values(kw, word):
 
 
 def test_step_settings_accept_the_edges():
+    plain = StepSettings("qr", "sgd", 0.1)
+    assert (plain.reproject_every, plain.reproject_threshold) == (0, 0.0)  # no guard unless asked
     s = StepSettings("qr", "adam", 1e-300, reproject_every=0, reproject_threshold=0.0)
     assert (s.reproject_every, s.reproject_threshold) == (0, 0.0)
     assert StepSettings("qr", "momentum", 5.0, 1, 1e-9).reproject_every == 1

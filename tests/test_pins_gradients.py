@@ -276,3 +276,56 @@ def test_adaptive_without_a_probe_takes_a_step_to_a_singular_T_as_the_worst():
     Z, L = pit_pair(8, 2, 3.0)  # L's diagonal below 1: the unit-norm conditioning step crosses zero
     gz, gl = GRADIENT_MODELS["adaptive"](Z, L, np.random.default_rng(6), PARAMS, None)
     assert gl.shape == L.shape
+
+
+def test_dense_output_is_stable_at_large_logits():
+    """Logits in the thousands: the softmax must subtract the row maximum (exp would overflow)."""
+    from scipy.special import softmax
+
+    Z, L = pit_pair(7, 3, 3.0, seed=1)
+    L = 40.0 * L
+    params = AdversaryParams(batch=4)
+    GZ, GL = GRADIENT_MODELS["dense_output"](Z, L, np.random.default_rng(5), params, None)
+    rng = np.random.default_rng(5)
+    h = rng.standard_normal((4, 3))
+    targets = _zipf(7, 4, params.zipf_exponent, rng)
+    hT = h @ L @ L.T
+    assert np.abs(hT @ Z.T).max() > 800
+    p = softmax(hT @ Z.T, axis=1)
+    p[np.arange(4), targets] -= 1
+    np.testing.assert_allclose(GZ, (p / 4).T @ hT, rtol=1e-9, atol=1e-12)
+    assert np.isfinite(GL).all()
+
+
+def test_nonfinite_fires_below_its_probability_only():
+    Z, L = pit_pair(6, 2, 2.0)
+    rng = np.random.default_rng(3)
+    rng.standard_normal((6, 2))
+    rng.standard_normal((2, 2))
+    draw = rng.random()
+    at = GRADIENT_MODELS["nonfinite"](Z, L, np.random.default_rng(3), AdversaryParams(nonfinite_probability=draw), None)
+    assert np.isfinite(at[0]).all()
+    above = AdversaryParams(nonfinite_probability=np.nextafter(draw, 1.0))
+    assert not np.isfinite(GRADIENT_MODELS["nonfinite"](Z, L, np.random.default_rng(3), above, None)[0]).all()
+
+
+def test_adaptive_without_a_probe_asks_the_drift_bound_at_the_trial_point(monkeypatch):
+    Z, L = pit_pair(8, 2, 3.0)
+    L = 4 * L
+    seen = []
+
+    def bound(Zt, Lt, u):
+        seen.append((Zt, Lt, u))
+        return float(len(seen) == 2)  # the second candidate (dense_output) is the worst
+
+    monkeypatch.setattr(G, "drift_bound", bound)
+    got = GRADIENT_MODELS["adaptive"](Z, L, np.random.default_rng(6), PARAMS, None)
+    rng = np.random.default_rng(6)
+    cands = [GRADIENT_MODELS[n](Z, L, np.random.default_rng(rng.integers(2**63)), PARAMS, None)
+             for n in G.ADAPTIVE_CANDIDATES]
+    assert len(seen) == 5
+    for (Zt, Lt, u), g in zip(seen, cands):
+        np.testing.assert_array_equal(Zt, Z - g[0])
+        np.testing.assert_array_equal(Lt, L - np.tril(g[1]))
+        assert u == 2.0**-53
+    np.testing.assert_array_equal(got[0], cands[1][0])
