@@ -603,3 +603,36 @@ def test_the_interface_units_use_the_factor_precision():
     assert row["orthonormality_ratio"] == pytest.approx(
         np.abs(eng.stored()[0].T @ eng.stored()[0] - np.eye(2)).sum(axis=0).max() / (4 * 2.0**-11), rel=1e-6)
     assert FORMATS["fp32"].u == 2.0**-24
+
+
+def _fresh(s: str) -> str:
+    """An equal string that is not the interned literal: names read from a CLI or a file are such strings,
+    and must be compared by value (== ), never by identity."""
+    out = "".join(list(s))
+    assert out == s and (out is not s or len(s) < 2)
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_names_from_outside_are_compared_by_value(optimizer):
+    for backend, precision in (("numpy", "fp64"), ("torch", "tf32"), ("torch", "bf16"), ("torch", "fp16")):
+        base = get_policy(precision)
+        pol = Policy(*(_fresh(getattr(base, f)) for f in ("name", "storage", "master", "factor", "matmul", "gradient")),
+                     loss_scaling=base.loss_scaling)
+        settings = StepSettings(_fresh("none"), _fresh(optimizer), 0.0625)
+        eng = Engine(_fresh(backend), pol, settings, device=_fresh("cpu"))
+        ref = Engine(backend, base, StepSettings("none", optimizer, 0.0625), device="cpu")
+        assert type(eng.ops) is type(ref.ops) and eng.emulated == ref.emulated
+        assert eng.ops.__dict__.keys() == ref.ops.__dict__.keys()
+        assert [getattr(eng.ops, k, None) for k in ("matmul_format", "matmul_dtype", "native")] == \
+            [getattr(ref.ops, k, None) for k in ("matmul_format", "matmul_dtype", "native")]
+        for e in (eng, ref):
+            e.initialise(Z0, L0)
+            e.step({"Z": GZ / 16, "L": GL / 16}, 0)
+        for k, v in ref.state_dict().items():
+            np.testing.assert_array_equal(eng.state_dict()[k], v)
+        np.testing.assert_array_equal(eng.embed_all(), ref.embed_all())
+        # a state read back with keys that are not literals
+        eng.load_state_dict({_fresh(k): v for k, v in ref.state_dict().items()})
+        assert eng.opt_step == 1 and sorted(eng.opt) == sorted(ref.opt)
+    assert resolve_device(_fresh("auto")) in ("cpu", "cuda")
