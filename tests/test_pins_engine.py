@@ -582,6 +582,11 @@ def test_torch_engine_on_cuda_is_native_and_sets_tf32_explicitly(monkeypatch):
         assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
         eng = Engine("torch", get_policy("bf16"), StepSettings("qr", "sgd", 0.1), device="cuda")
         assert eng.ops.native is True and eng.ops.matmul_dtype == torch.bfloat16 and eng.emulated == []
+        # a policy whose names are not interned literals (compared by value, not identity)
+        fresh = Policy(*("".join(list(x)) for x in ("tf32", "fp32", "fp32", "fp32", "tf32", "fp32")))
+        Engine("torch", get_policy("fp32"), StepSettings("qr", "sgd", 0.1), device="cuda")
+        Engine("torch", fresh, StepSettings("qr", "sgd", 0.1), device="".join(list("cuda")))
+        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
