@@ -7,7 +7,7 @@ from pitcheck.trajectory import THRESHOLDS, RunConfig, read_events, run
 
 def test_a_threshold_event_is_recorded_at_the_first_crossing_only(tmp_path):
     # no retraction: orthonormality drifts up through its levels; cond(T0) = 200 is above 1e2 from the start
-    cfg = RunConfig(vocab=60, dim=4, steps=60, retraction="none", adversary="gaussian", lr=0.05, cond=200.0, seed=1)
+    cfg = RunConfig(vocab=40, dim=4, steps=25, retraction="none", adversary="gaussian", lr=0.05, cond=200.0, seed=1)
     rows = run(cfg, tmp_path)
     events = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "threshold_crossed"]
     checked = 0
