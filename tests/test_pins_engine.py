@@ -641,3 +641,28 @@ def test_names_from_outside_are_compared_by_value(optimizer):
         eng.load_state_dict({_fresh(k): v for k, v in ref.state_dict().items()})
         assert eng.opt_step == 1 and sorted(eng.opt) == sorted(ref.opt)
     assert resolve_device(_fresh("auto")) in ("cpu", "cuda")
+
+
+def test_interface_fallback_measures_the_trisolve_on_its_256_sampled_rows():
+    """One row of E overflows fp16, a row outside the 256 evenly spaced rows that are sampled (and inside
+    the 255 that are not): the head metrics are undefined, the trisolve metrics are those of the sample."""
+    from pitcheck.metrics import sample_ids, trisolve_errors
+
+    V = 300
+    s256, s255 = set(sample_ids(V, 256).tolist()), set(sample_ids(V, 255).tolist())
+    bad = min(s255 - s256)
+    rng = np.random.default_rng(0)
+    Z = rng.uniform(0.01, 0.05, (V, 2))
+    Z[bad] = 1000.0  # T^{-1} ~ 2^8: 2.5e5 > 65504
+    L = np.array([[2.0**-4, 0.0], [2.0**-6, 2.0**-4]])
+    eng = Engine("torch", get_policy("fp16"), StepSettings("none", "sgd", 0.1), device="cpu")
+    eng.initialise(Z, L)
+    row = eng.interface()
+    Zs, Ls = eng.stored()
+    E = eng.embed_all()
+    assert not np.isfinite(E[bad]).all() and np.isfinite(np.delete(E, bad, axis=0)).all()
+    assert np.isnan(row["pinv_drift"]) and row["unmeasured"]
+    ids = sample_ids(V, 256)
+    want = trisolve_errors(Zs, Ls, E[ids], ids, eng.policy.u, row["cond_T"])
+    for k in ("trisolve_forward", "trisolve_forward_ratio", "trisolve_backward", "trisolve_backward_ratio"):
+        assert row[k] == want[k], k
