@@ -467,7 +467,7 @@ def test_an_attached_source_adds_its_gradient_to_the_rest():
     from pitcheck.gradients import AdversaryParams, gradient
 
     class Source:
-        name = "fake"
+        name = "zsource"  # sorts after every model's name
 
         def add_gradients(self, eng, grads, step):
             return {"grads": grads, "step": step}
@@ -487,7 +487,7 @@ def test_an_attached_source_adds_its_gradient_to_the_rest():
     eng = _engine()
     eng.source = Source()
     params = AdversaryParams()
-    out = eng.gradients(["fake", "gaussian"], 3, 5, params)
+    out = eng.gradients([_fresh("zsource"), "gaussian"], 3, 5, params)  # matched by value
     assert out["step"] == 5
     np.testing.assert_array_equal(out["grads"]["Z"], gradient(["gaussian"], Z0, L0, 3, 5, params)[0])
     # not named: the source is not asked
@@ -541,8 +541,9 @@ def test_resolve_device_with_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
     assert resolve_device("cpu") == "cpu"
-    with pytest.raises(PitcheckError, match="unknown device"):
-        resolve_device("tpu")
+    for bad in ("tpu", "aardvark", ""):  # before and after 'auto' in sort order
+        with pytest.raises(PitcheckError, match="unknown device"):
+            resolve_device(bad)
 
 
 @pytest.mark.parametrize("precision,matmul_format,matmul_dtype,emulated", [
@@ -666,3 +667,13 @@ def test_interface_fallback_measures_the_trisolve_on_its_256_sampled_rows():
     want = trisolve_errors(Zs, Ls, E[ids], ids, eng.policy.u, row["cond_T"])
     for k in ("trisolve_forward", "trisolve_forward_ratio", "trisolve_backward", "trisolve_backward_ratio"):
         assert row[k] == want[k], k
+
+
+def test_the_numpy_engine_embeds_through_the_checked_reference():
+    """The float64 engine's embedding is reference.embedding_matrix, which refuses a non-finite L with a
+    PitcheckError (the generic solves would return NaN silently)."""
+    eng = Engine(_fresh("numpy"), get_policy("fp64"), StepSettings("none", "sgd", 0.1))
+    eng.initialise(Z0, L0)
+    eng.L = np.array([[1.5, 0.0], [np.inf, 0.75]])
+    with pytest.raises(PitcheckError, match="finite"):
+        eng.embed_all()
