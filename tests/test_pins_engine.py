@@ -167,6 +167,11 @@ def test_reproject_every_k_steps_on_the_kth_step_only():
     eng.step({"Z": GZ, "L": GL}, 1)
     Z = _master(eng)["Z"]
     assert np.linalg.norm(Z.T @ Z - np.eye(2)) < 1e-15
+    # and again at every multiple: not at index 2, at index 3
+    eng.step({"Z": GZ, "L": GL}, 2)
+    assert np.linalg.norm(_master(eng)["Z"].T @ _master(eng)["Z"] - np.eye(2)) > 1e-3
+    eng.step({"Z": GZ, "L": GL}, 3)
+    assert np.linalg.norm(_master(eng)["Z"].T @ _master(eng)["Z"] - np.eye(2)) < 1e-15
 
 
 def test_reproject_threshold_reprojects_above_it_and_records_before_and_after():
@@ -595,8 +600,9 @@ def test_torch_engine_on_cuda_is_native_and_sets_tf32_explicitly(monkeypatch):
 def test_numpy_backend_is_fp64_only_and_backends_are_named():
     with pytest.raises(PitcheckError, match="numpy backend is the float64 reference"):
         Engine("numpy", get_policy("fp32"), StepSettings("qr", "sgd", 0.1))
-    with pytest.raises(PitcheckError, match="unknown backend"):
-        Engine("jax", get_policy("fp64"), StepSettings("qr", "sgd", 0.1))
+    for bad in ("jax", "xla"):  # before and after 'torch' in sort order
+        with pytest.raises(PitcheckError, match="unknown backend"):
+            Engine(bad, get_policy("fp64"), StepSettings("qr", "sgd", 0.1))
     eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "sgd", 0.1))
     assert isinstance(eng.ops, NumpyOps) and eng.device == "cpu" and eng.emulated == []
     assert eng.retract is not None and eng._to([1, 2], "fp32").dtype == np.float64
