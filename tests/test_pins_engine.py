@@ -108,6 +108,18 @@ def test_two_adam_steps_by_hand_use_the_step_count_in_the_bias_correction():
     assert eng.opt_step == 2
 
 
+def test_adam_bias_correction_late_in_a_run():
+    """t = 700 from zero moments: 1 - 0.999^700 = 0.4964 (below 1/2, where 1 % b and 1 - b part ways)."""
+    eng = _engine("adam", lr=0.01)
+    eng.opt_step = 699
+    eng.step({"Z": np.zeros_like(Z0), "L": GL}, 699)
+    g = _raw_gradient(GL, _raw(L0))
+    m_hat = 0.1 * g / (1 - 0.9**700)
+    v_hat = 0.001 * g**2 / (1 - 0.999**700)
+    np.testing.assert_allclose(_master(eng)["raw"], _raw(L0) - 0.01 * m_hat / (np.sqrt(v_hat) + 1e-8),
+                               rtol=0, atol=1e-15)
+
+
 def test_two_momentum_steps_by_hand():
     eng = _engine("momentum", lr=0.1)
     eng.step({"Z": np.zeros_like(Z0), "L": GL}, 0)
@@ -160,18 +172,16 @@ def test_the_retraction_gets_the_projected_step():
 
 
 def test_reproject_every_k_steps_on_the_kth_step_only():
-    eng = _engine("sgd", lr=0.2, reproject_every=2)
-    eng.step({"Z": GZ, "L": GL}, 0)
-    drift = np.linalg.norm(_master(eng)["Z"].T @ _master(eng)["Z"] - np.eye(2))
-    assert drift > 1e-3  # 'none' drifts at second order and step 1 is not a multiple of 2
-    eng.step({"Z": GZ, "L": GL}, 1)
-    Z = _master(eng)["Z"]
-    assert np.linalg.norm(Z.T @ Z - np.eye(2)) < 1e-15
-    # and again at every multiple: not at index 2, at index 3
-    eng.step({"Z": GZ, "L": GL}, 2)
-    assert np.linalg.norm(_master(eng)["Z"].T @ _master(eng)["Z"] - np.eye(2)) > 1e-3
-    eng.step({"Z": GZ, "L": GL}, 3)
-    assert np.linalg.norm(_master(eng)["Z"].T @ _master(eng)["Z"] - np.eye(2)) < 1e-15
+    """k = 3: re-projected after step indices 2 and 5 (the 3rd and 6th steps), and after no other."""
+    eng = _engine("sgd", lr=0.2, reproject_every=3)
+    for index in range(6):
+        eng.step({"Z": GZ, "L": GL}, index)
+        Z = _master(eng)["Z"]
+        drift = np.linalg.norm(Z.T @ Z - np.eye(2))
+        if index in (2, 5):
+            assert drift < 1e-15, index
+        else:  # 'none' drifts at second order
+            assert drift > 1e-3, index
 
 
 def test_reproject_threshold_reprojects_above_it_and_records_before_and_after():
@@ -524,6 +534,13 @@ def test_step_settings_refuse_bad_values(kw, word):
         StepSettings(**args)
 
 
+def test_step_settings_are_frozen():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        StepSettings("qr", "sgd", 0.1).lr = 0.2
+
+
 def test_step_settings_accept_the_edges():
     plain = StepSettings("qr", "sgd", 0.1)
     assert (plain.reproject_every, plain.reproject_threshold) == (0, 0.0)  # no guard unless asked
@@ -598,8 +615,9 @@ def test_torch_engine_on_cuda_is_native_and_sets_tf32_explicitly(monkeypatch):
 
 
 def test_numpy_backend_is_fp64_only_and_backends_are_named():
-    with pytest.raises(PitcheckError, match="numpy backend is the float64 reference"):
-        Engine("numpy", get_policy("fp32"), StepSettings("qr", "sgd", 0.1))
+    for name in ("fp32", "tf32", "bf16-mixed"):  # names before and after 'fp64' in sort order
+        with pytest.raises(PitcheckError, match="numpy backend is the float64 reference"):
+            Engine("numpy", get_policy(name), StepSettings("qr", "sgd", 0.1))
     for bad in ("jax", "xla"):  # before and after 'torch' in sort order
         with pytest.raises(PitcheckError, match="unknown backend"):
             Engine(bad, get_policy("fp64"), StepSettings("qr", "sgd", 0.1))
