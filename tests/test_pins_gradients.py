@@ -329,3 +329,30 @@ def test_adaptive_without_a_probe_asks_the_drift_bound_at_the_trial_point(monkey
         np.testing.assert_array_equal(Lt, L - np.tril(g[1]))
         assert u == 2.0**-53
     np.testing.assert_array_equal(got[0], cands[1][0])
+
+
+def test_adaptive_keeps_a_candidate_whatever_the_probes_values():
+    """The running best starts at -inf: a probe that scores every candidate 0 (or below) still picks one."""
+    Z, L = pit_pair(8, 2, 3.0)
+    for score in (0.0, -5.0):
+        got = GRADIENT_MODELS["adaptive"](Z, L, np.random.default_rng(6), PARAMS, lambda gz, gl, s=score: s)
+        assert got is not None and got[0].shape == Z.shape
+
+
+def test_nonfinite_plants_nan_inf_and_minus_inf():
+    Z, L = pit_pair(6, 2, 2.0)
+    params = AdversaryParams(nonfinite_probability=1.0)
+    kinds = set()
+    for seed in range(40):
+        gz = GRADIENT_MODELS["nonfinite"](Z, L, np.random.default_rng(seed), params, None)[0]
+        bad = gz[~np.isfinite(gz)]
+        assert bad.size == 1
+        kinds.add("nan" if np.isnan(bad[0]) else ("+inf" if bad[0] > 0 else "-inf"))
+    assert kinds == {"nan", "+inf", "-inf"}
+
+
+def test_adversary_params_are_frozen():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        AdversaryParams().batch = 3
