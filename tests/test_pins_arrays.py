@@ -117,6 +117,11 @@ def test_native_low_precision_matmul_returns_the_working_dtype():
     out = ops.matmul(a, _t32([[1.0]] * 3))
     assert out.dtype == torch.float32 and out.item() in (1 + 2.0**-7, 1.0)
     assert ops.matmul(_t32([[1 + 2.0**-10]]), _t32([[1.0]])).item() == 1.0
+    # float64 operands: the emulation accumulates in float64 (2^30 + 1 - 2^30 = 1, exact in bf16); the
+    # native matmul runs in bf16 with at most fp32 accumulation, where the 1 is lost
+    a, b = torch.tensor([[2.0**30, 1.0, -(2.0**30)]], dtype=torch.float64), torch.ones(3, 1, dtype=torch.float64)
+    assert TorchOps(matmul_dtype=torch.bfloat16, native=False).matmul(a, b).item() == 1.0
+    assert ops.matmul(a, b).item() == 0.0
 
 
 def test_low_precision_matmul_in_its_own_dtype_is_a_plain_matmul():
