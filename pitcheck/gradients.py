@@ -217,7 +217,13 @@ def adaptive(Z, L, rng, params, probe):
     for name in ADAPTIVE_CANDIDATES:
         child = np.random.default_rng(rng.integers(2**63))
         g = GRADIENT_MODELS[name](Z, L, child, params, None)
-        err = probe(*g) if probe is not None else drift_bound(Z - g[0], L - np.tril(g[1]), FP64_U)
+        if probe is not None:
+            err = probe(*g)
+        else:
+            try:
+                err = drift_bound(Z - g[0], L - np.tril(g[1]), FP64_U)
+            except PitcheckError:  # the trial point's T is singular: the worst a candidate can do
+                err = np.inf
         if err > best_err:
             best, best_err = g, err
     return best

@@ -1,4 +1,4 @@
-"""The one-line bugs of issue 10 that once survived the whole suite, each with the test that now kills it.
+"""The one-line bugs of issues 10 and 21 that once survived the whole suite, each with the test that now kills it.
 
 (module, original text, mutated text, killing test). run.py --planted applies each to a temporary copy
 and runs its test alone: every one must fail. The original text must occur exactly once in the module.
@@ -51,4 +51,56 @@ PLANTED = [
      "tests/test_pins_retractions.py::test_cayley_iter_two_iterations_in_closed_form"),
     ("pitcheck/retractions.py", "iterations: int = 2", "iterations: int = 1",
      "tests/test_pins_retractions.py::test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
+]
+
+# ---- issue 21: the emulation, the engine, the gradient models, the run's events, the oracle ----
+A, EN, GR = "pitcheck/arrays.py", "pitcheck/engine.py", "pitcheck/gradients.py"
+TA, TE, TG = "tests/test_pins_arrays.py::", "tests/test_pins_engine.py::", "tests/test_pins_gradients.py::"
+PLANTED += [
+    # tf32 operand rounding with ties away from zero instead of to even ...
+    (A, "bias = (1 << (drop - 1)) - 1 + ((bits >> drop) & 1)", "bias = 1 << (drop - 1)",
+     TA + "test_tf32_rounding_of_exact_ties_goes_to_even"),
+    # ... or keeping 12 significand bits instead of 11
+    (A, "drop = 24 - fmt.p", "drop = 23 - fmt.p", TA + "test_tf32_rounding_keeps_11_bits_not_12"),
+    # an emulated bf16/fp16 matmul that does not round its product back to the low format
+    (A, "return (a.to(low).to(a.dtype) @ b.to(low).to(a.dtype)).to(low).to(a.dtype)",
+     "return a.to(low).to(a.dtype) @ b.to(low).to(a.dtype)", TA + "test_emulated_bf16_matmul_rounds_its_product"),
+    (A, "return (a.to(low).to(a.dtype) @ b.to(low).to(a.dtype)).to(low).to(a.dtype)",
+     "return a.to(low).to(a.dtype) @ b.to(low).to(a.dtype)", TA + "test_emulated_fp16_matmul_rounds_its_product_and_overflows"),
+    # fp16 gradients not unscaled
+    (EN, "return {k: self._to(g, p.factor) / self.loss_scale for k, (g, _) in cast.items()}, []",
+     "return {k: self._to(g, p.factor) for k, (g, _) in cast.items()}, []",
+     TE + "test_fp16_gradients_are_unscaled_before_the_step"),
+    # a loss scale that never grows: the clean-step count reset every step ...
+    (EN, "self.good_steps += 1", "self.good_steps = 1",
+     TE + "test_the_loss_scale_after_2001_clean_steps_is_doubled_once"),
+    # ... or grown one step late
+    (EN, "if self.good_steps >= LOSS_SCALE_GROWTH_INTERVAL:", "if self.good_steps > LOSS_SCALE_GROWTH_INTERVAL:",
+     TE + "test_the_loss_scale_after_2001_clean_steps_is_doubled_once"),
+    # the softplus chain factor dropped from the diagonal's gradient
+    (EN, "gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl) * ops.sigmoid(ops.diag(raw)))",
+     "gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl))",
+     TE + "test_one_sgd_step_by_hand_with_the_softplus_chain_factor_on_the_diagonal"),
+    # the step direction not re-projected onto the tangent space before the retraction
+    (EN, "xi = tangent_projection(Z, -s.lr * direction_Z, ops)", "xi = -s.lr * direction_Z",
+     TE + "test_the_step_is_reprojected_onto_the_tangent_space_before_the_retraction"),
+    (EN, "xi = tangent_projection(Z, -s.lr * direction_Z, ops)", "xi = -s.lr * direction_Z",
+     TE + "test_momentum_reprojects_its_remembered_direction_at_the_new_point"),
+    # Adam without bias correction
+    (EN, 'm_hat = opt["m" + which] / (1 - BETA1**t)\n        v_hat = opt["v" + which] / (1 - BETA2**t)',
+     'm_hat = opt["m" + which]\n        v_hat = opt["v" + which]', TE + "test_one_adam_step_by_hand"),
+    # a threshold event recorded at every record above the level instead of at the first crossing
+    ("pitcheck/trajectory.py",
+     'new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in self.crossed]',
+     "new = [lv for lv in levels if row[metric] > lv]",
+     "tests/test_pins_events.py::test_a_threshold_event_is_recorded_at_the_first_crossing_only"),
+    # the dense-output model's T-gradient with its sign flipped ...
+    (GR, "GT = h.T @ (dlogit @ Z)", "GT = -h.T @ (dlogit @ Z)",
+     TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
+    # ... or without its symmetrisation
+    (GR, "return (GT + GT.T) @ L", "return 2 * GT @ L",
+     TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
+    # the oracle at 16 digits instead of 50
+    ("pitcheck/oracle.py", "DIGITS = 50", "DIGITS = 16",
+     "tests/test_pins_oracle_resolution.py::test_oracle_resolves_a_residual_far_below_float64_u"),
 ]

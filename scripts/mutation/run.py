@@ -54,8 +54,11 @@ MODULES: dict[str, list[str]] = {
     "retractions": ["tests/test_pins_retractions.py", "tests/test_retractions.py"],
     "formats": ["tests/test_pins_formats_policy.py", "tests/test_formats.py"],
     "policy": ["tests/test_pins_formats_policy.py"],
-    "oracle": ["tests/test_pins_oracle.py"],
+    "oracle": ["tests/test_pins_oracle.py", "tests/test_pins_oracle_resolution.py"],
     "validate/checks": ["tests/test_pins_checks.py", "tests/test_validate_checks.py"],
+    "arrays": ["tests/test_pins_arrays.py"],
+    "engine": ["tests/test_pins_engine.py"],
+    "gradients": ["tests/test_pins_gradients.py", "tests/test_gradients.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 
