@@ -42,13 +42,22 @@ def test_builtin_grids_load_and_cover_what_the_issue_asks():
     from pitcheck.policy import POLICIES
 
     assert set(default.axes["precision"]) == set(POLICIES)
-    from pitcheck.retractions import RETRACTIONS
+    from pitcheck.retractions import APPROXIMATE, RETRACTIONS
 
-    # every projective and Cayley retraction: all but the plain step and Muon's approximate ns5
-    assert set(default.axes["retraction"]) == set(RETRACTIONS) - {"none", "ns5"}
+    # the committed study's projective and Cayley retractions; the frontier's methods have their own grid
+    established = {"qr", "polar", "polar-gram", "polar-ns", "cholqr", "cholqr2", "cayley", "cayley-iter"}
+    assert set(default.axes["retraction"]) == established
     assert default.axes["adversary"] == ["gaussian", "dense_output+sparse_input"]
     assert len(default.axes["seed"]) == 3 and default.steps >= 10**4
-    assert len(sw.cells(default)) == (len(RETRACTIONS) - 2) * 7 * 2 * 3
+    assert len(sw.cells(default)) == len(established) * 7 * 2 * 3
+    # issue 20's grid: every map but the plain step (approximate ones included, to show what they cost)
+    # x fp32, bf16, bf16-mixed x the two gradient models, at V/D = 16 and 256
+    frontier = sw.load_grid(str(Path(sw.__file__).parent / "grids" / "frontier.toml"))
+    assert set(frontier.axes["retraction"]) == set(RETRACTIONS) - {"none"}
+    assert set(APPROXIMATE) < set(frontier.axes["retraction"])
+    assert set(frontier.axes["precision"]) == {"fp32", "bf16", "bf16-mixed"}
+    assert frontier.axes["adversary"] == ["gaussian", "dense_output+sparse_input"]
+    assert sorted(int(v) // int(d) for v, d in (s.split("x") for s in frontier.axes["shape"])) == [16, 256]
 
 
 @pytest.mark.parametrize("text, message", [
