@@ -81,7 +81,7 @@ def test_ns5_is_not_a_retraction_it_moves_points_of_the_manifold():
 def test_the_approximate_maps_fail_the_retraction_check(name):
     # Polar Express and Gram Newton-Schulz leave singular values 0.1 from 1; landing never lands. None may
     # pass; gram-ns leaves the memory so far off the manifold (0.19) that the probe cannot tell it is the Z
-    # the maps use, which is inconclusive with that reason (its penrose check fails it)
+    # the maps use, which is inconclusive with that reason
     result = retraction_check(functools.partial(pitcheck.nn.make, retraction=name))
     if name == "gram-ns":
         assert result.verdict == "inconclusive" and "not the memory itself" in result.reason, result.reason
