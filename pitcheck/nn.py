@@ -24,6 +24,27 @@ HALF = (torch.bfloat16, torch.float16)
 PROJECTIVE = ("qr", "polar", "polar-gram", "polar-ns", "cholqr", "cholqr2")
 
 
+def lower_factor(raw: torch.Tensor, min_diag: float) -> torch.Tensor:
+    """Lower-triangular factor: strict lower part of raw, diagonal softplus(raw) + min_diag."""
+    return torch.tril(raw, -1) + torch.diag_embed(F.softplus(torch.diagonal(raw)) + min_diag)
+
+
+def memory_as_used(z: torch.Tensor, dtype, compute_dtype) -> torch.Tensor:
+    """The memory as the model uses it: rounded to the asked dtype under mixed precision."""
+    return z.to(dtype).to(compute_dtype) if dtype in HALF else z
+
+
+def checked_ids(ids, vocab_size: int, device) -> torch.Tensor:
+    """Integer token ids in [0, vocab_size), as a tensor on `device`; ValueError/IndexError otherwise."""
+    ids = torch.as_tensor(ids, device=device)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise IndexError(f"token id out of range [0, {vocab_size}): min {int(ids.min())}, "
+                         f"max {int(ids.max())}")
+    return ids
+
+
 class PIT(torch.nn.Module):
     """Pseudo-Inverse Tying: embed(ids) = rows of Z T^{-1}, logits(h) = (h T) Z^T, T = L L^T."""
 
@@ -59,22 +80,13 @@ class PIT(torch.nn.Module):
 
     @property
     def L(self) -> torch.Tensor:
-        """Lower-triangular factor: strict lower part of L_raw, diagonal softplus(raw) + min_diag."""
-        raw = self.L_raw
-        return torch.tril(raw, -1) + torch.diag_embed(F.softplus(torch.diagonal(raw)) + self.min_diag)
+        return lower_factor(self.L_raw, self.min_diag)
 
     def _memory(self, z: torch.Tensor) -> torch.Tensor:
-        # The memory as the model uses it: rounded to the asked dtype under mixed precision.
-        return z.to(self.dtype).to(self.compute_dtype) if self.dtype in HALF else z
+        return memory_as_used(z, self.dtype, self.compute_dtype)
 
     def _check_ids(self, ids) -> torch.Tensor:
-        ids = torch.as_tensor(ids, device=self.Z.device)
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise IndexError(f"token id out of range [0, {self.vocab_size}): min {int(ids.min())}, "
-                             f"max {int(ids.max())}")
-        return ids
+        return checked_ids(ids, self.vocab_size, self.Z.device)
 
     def embed(self, ids) -> torch.Tensor:
         """Rows e_v = T^{-1} z_v for ids of any shape (...): returns (..., D) in the asked dtype."""

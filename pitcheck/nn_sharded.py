@@ -25,10 +25,9 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from .arrays import TorchOps
-from .nn import HALF, PROJECTIVE
+from .nn import HALF, PROJECTIVE, checked_ids, lower_factor, memory_as_used
 from .retractions import get_retraction
 from .sharded.comm import all_reduce_sum, allreduce_dtype as _check_allreduce_dtype, rank_and_size
 from .sharded.layout import ShardLayout, scatter_rows, shard_layout
@@ -152,20 +151,14 @@ class ShardedPIT(torch.nn.Module):
 
     @property
     def L(self) -> torch.Tensor:
-        raw = self.L_raw
-        return torch.tril(raw, -1) + torch.diag_embed(F.softplus(torch.diagonal(raw)) + self.min_diag)
+        return lower_factor(self.L_raw, self.min_diag)
 
     def _memory(self, z: torch.Tensor) -> torch.Tensor:
-        return z.to(self.dtype).to(self.compute_dtype) if self.dtype in HALF else z
+        return memory_as_used(z, self.dtype, self.compute_dtype)
 
     def _check_ids(self, ids) -> torch.Tensor:
-        ids = torch.as_tensor(ids, device=self.Z.device)
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise IndexError(f"token id out of range [0, {self.vocab_size}): min {int(ids.min())}, "
-                             f"max {int(ids.max())}")
-        return ids
+        # global ids: the whole vocabulary is valid on every rank
+        return checked_ids(ids, self.vocab_size, self.Z.device)
 
     def embed(self, ids) -> torch.Tensor:
         """Rows e_v = T^{-1} z_v for global ids of any shape (...): (..., D) on every rank."""
