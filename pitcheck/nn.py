@@ -128,12 +128,3 @@ def make(vocab_size: int, hidden_size: int, *, dtype=torch.float32, device="cpu"
     """Factory with the signature `pitcheck validate` calls."""
     return PIT(vocab_size, hidden_size, dtype=dtype, device=device, seed=seed, retraction=retraction,
                min_diag=min_diag)
-
-
-def __getattr__(name):
-    """The vocabulary-parallel module lives in nn_sharded (it imports this module, hence lazily):
-    `pitcheck.nn:make_sharded` names it like the single-process factory."""
-    if name in ("ShardedPIT", "make_sharded", "gather_logits"):
-        from . import nn_sharded
-        return getattr(nn_sharded, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
