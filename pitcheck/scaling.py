@@ -133,7 +133,7 @@ def _tensor_scale(amax: float, fmax: float, margin: float, pow2: bool) -> float:
         return 1.0
     scale = float(_fp32(fmax / amax / 2.0**margin))
     scale = min(scale, FP32_MAX)
-    if pow2 and math.isfinite(scale):
+    if pow2:
         scale = 2.0 ** math.floor(math.log2(scale))
     return scale
 
