@@ -10,7 +10,9 @@ a shorter block. All arithmetic is float64 on the CPU: a scaled value x * s or x
 (exactly for fp32 or bf16 input with a power-of-two scale; one float64 rounding otherwise, where the
 hardware rounds to fp32) and rounded once to the element format, saturating (OFP8's satfinite
 conversion), by round to nearest even or stochastic rounding. A NaN or infinity in a block makes that
-block's scale, and so its values, NaN: the failure shows instead of vanishing into a saturated value.
+block's scale, and so its values, NaN: the failure shows instead of vanishing into a saturated value
+(except under delayed scaling, whose scale comes from earlier tensors: there an infinity saturates, as
+TE's satfinite cast does, and a NaN stays NaN).
 
 Recipes (get_recipe(name) makes a fresh one; the delayed-scaling recipe has state):
   tensor-current        one fp32 scale fmax / amax per tensor (Transformer Engine's current scaling)
@@ -236,13 +238,14 @@ class MX(Recipe):
         amax = _block_amax(a, block)
         finite = np.isfinite(amax)
         safe = np.where(finite & (amax > 0), amax, 1.0)
+        e = np.frexp(safe)[1]  # safe = m 2^e, 1/2 <= m < 1
         if self.scale_rounding == "floor":
-            # floor(log2 amax) exactly (frexp), then the element's emax off
-            exponent = np.frexp(safe)[1] - 1 - fmt.emax
+            exponent = e - 1 - fmt.emax  # floor(log2 amax) - emax_elem, exactly
         else:
-            # the smallest k with amax <= fmax 2^k: a first guess from log2, corrected exactly
-            exponent = np.ceil(np.log2(safe / fmt.max)).astype(np.int64)
-            exponent = exponent + (safe > np.ldexp(fmt.max, exponent)) - (safe <= np.ldexp(fmt.max, exponent - 1))
+            # the smallest k with amax <= fmax 2^k: with fmax = f 2^g (1/2 <= f < 1), k is e - g when
+            # amax <= f 2^e and e - g + 1 otherwise (exact comparisons, no logarithm)
+            f, g = np.frexp(fmt.max)
+            exponent = e - g + (safe > np.ldexp(f, e))
         exponent = np.where(amax > 0, exponent, -E8M0_BIAS)
         codes = (np.clip(exponent, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).astype(np.uint8)
         codes = np.where(finite, codes, np.uint8(255)).astype(np.uint8)

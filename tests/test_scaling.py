@@ -38,6 +38,22 @@ def test_mx_blocks_by_hand():
     # an all-zero block: scale 2^-127 (code 0), values 0
     z = quantise(np.zeros(32), "mxfp8")
     assert z.scale_codes.tolist() == [0] and not z.values.any()
+    # the exponent is clamped to E8M0's range: 2^-150 gets 2^-127 (and flushes to 0), 2^200 gets 2^127
+    # (and saturates); integer input is fine
+    q = quantise(np.array([2.0**-150] + [0.0] * 31 + [2.0**200] + [0.0] * 31), "mxfp4")
+    assert q.scale_codes.tolist() == [0, 254] and q.values[[0, 32]].tolist() == [0.0, 6.0]
+    assert quantise(np.arange(32), "mxfp8").scale_codes.tolist() == [127 + 4 - 8]
+
+
+@pytest.mark.parametrize("amax,code", [(448.0 * 16, 127 + 4), (np.nextafter(448.0 * 16, np.inf), 127 + 5),
+                                       (np.nextafter(448.0 * 16, 0), 127 + 4), (448.0 * 8 + 1, 127 + 4),
+                                       (448.0 * 8, 127 + 3), (2.0**12, 127 + 4), (2.0**-120, 0), (1.0, 127 - 8)])
+def test_mx_ceil_scale_is_the_smallest_power_of_two_that_fits(amax, code):
+    x = np.zeros(32)
+    x[5] = amax
+    q = quantise(x, "mxfp8-rceil")
+    assert q.scale_codes.tolist() == [code]
+    assert abs(q.values[5]) <= 448.0
 
 
 def test_deepseek_blocks_by_hand():
@@ -80,7 +96,8 @@ def test_nvfp4_by_hand():
     # a block far below the tensor's amax: its E4M3 scale rounds to 0 and the block to 0
     y = np.zeros(32)
     y[0], y[16] = 1e6, 1e-6
-    assert quantise(y, "nvfp4").dequantise()[16] == 0.0
+    tiny = quantise(y, "nvfp4")
+    assert tiny.scales[1] == 0.0 and tiny.values[16] == 0.0 and tiny.dequantise()[16] == 0.0
     assert quantise(np.zeros(16), "nvfp4").global_scale == 1.0
 
 
@@ -136,7 +153,10 @@ def test_delayed_scaling_uses_the_history_of_earlier_calls():
     quantise(np.array([2.0]), margin)
     assert margin.scale == 112.0  # 448 / 2 / 2^1
     quantise(np.zeros(2), margin)  # amax 0: the history's max is still 2
-    quantise(np.array([np.inf]), get_recipe("tensor-delayed"))  # no error
+    inf = get_recipe("tensor-delayed")
+    # the scale comes from earlier tensors, so an infinity saturates like any overflow; the history's
+    # infinite amax leaves the scale as it was (not 448 / inf = 0)
+    assert quantise(np.array([np.inf, 1.0]), inf).values.tolist() == [448.0, 1.0] and inf.scale == 1.0
     zero = get_recipe("tensor-delayed", history_len=1)
     quantise(np.zeros(2), zero)
     assert zero.scale == 1.0  # a zero amax keeps the previous scale
@@ -191,6 +211,10 @@ def test_bad_recipes_and_inputs_are_clear_errors():
         get_recipe("tensor-delayed", history_len=0)
     with pytest.raises(PitcheckError, match="axis"):
         quantise(np.ones((2, 32)), "mxfp8", axis=2)
+    with pytest.raises(PitcheckError, match="axis"):
+        quantise(np.ones((2, 32)), "mxfp8", axis=-3)
+    x = wide_matrix(6, shape=(64, 64))
+    assert np.array_equal(fake_quant(x, "mxfp8", axis=-2), fake_quant(x, "mxfp8", axis=0))
     with pytest.raises(PitcheckError, match="matrix"):
         quantise(np.ones(128), "block-128x128")
     with pytest.raises(PitcheckError, match="one axis"):
