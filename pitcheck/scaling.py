@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import PitcheckError
-from .formats import E8M0_BIAS, FORMATS, e8m0_decode, get_format, round_to
+from .formats import E8M0_BIAS, E8M0_NAN, FORMATS, e8m0_decode, get_format, round_to
 
 FP32_MAX = float(np.finfo(np.float32).max)
 
@@ -236,8 +236,8 @@ class MX(Recipe):
         fmt = FORMATS[self.element]
         block = _block_shape(a.shape, self.block, axis)
         amax = _block_amax(a, block)
-        finite = np.isfinite(amax)
-        safe = np.where(finite & (amax > 0), amax, 1.0)
+        # an all-zero (or NaN) block gets a tiny stand-in, whose exponent clamps to E8M0's 2^-127
+        safe = np.where(amax > 0, amax, 2.0**-200)
         e = np.frexp(safe)[1]  # safe = m 2^e, 1/2 <= m < 1
         if self.scale_rounding == "floor":
             exponent = e - 1 - fmt.emax  # floor(log2 amax) - emax_elem, exactly
@@ -246,9 +246,8 @@ class MX(Recipe):
             # amax <= f 2^e and e - g + 1 otherwise (exact comparisons, no logarithm)
             f, g = np.frexp(fmt.max)
             exponent = e - g + (safe > np.ldexp(f, e))
-        exponent = np.where(amax > 0, exponent, -E8M0_BIAS)
         codes = (np.clip(exponent, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).astype(np.uint8)
-        codes = np.where(finite, codes, np.uint8(255)).astype(np.uint8)
+        codes = np.where(np.isfinite(amax), codes, np.uint8(E8M0_NAN)).astype(np.uint8)
         scales = e8m0_decode(codes)
         values = _cast(a / _expand(scales, block, a.shape), self.element, rounding, rng)
         return Quantised(values, scales, self.element, block, scale_codes=codes)
@@ -285,7 +284,7 @@ RECIPES = {
     "tensor-current": lambda: TensorCurrent(name="tensor-current"),
     "tensor-current-pow2": lambda: TensorCurrent(name="tensor-current-pow2", pow2=True),
     "tensor-delayed": lambda: TensorDelayed(name="tensor-delayed"),
-    "block-1x128": lambda: BlockFP32(name="block-1x128", block=(128,)),
+    "block-1x128": lambda: BlockFP32(name="block-1x128"),
     "block-128x128": lambda: BlockFP32(name="block-128x128", block=(128, 128)),
     "mxfp8": lambda: MX(name="mxfp8"),
     "mxfp8-e5m2": lambda: MX(name="mxfp8-e5m2", element="fp8-e5m2"),

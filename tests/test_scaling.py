@@ -135,6 +135,15 @@ def test_partial_blocks_at_the_edges():
     assert quantise(np.ones((3, 130)), "block-1x128", axis=0).scales.shape == (1, 130)
 
 
+def test_stacked_matrices_are_blocked_matrix_by_matrix():
+    x = np.ones((3, 128, 64))
+    x[1] *= 896.0
+    q = quantise(x, "block-128x128")
+    assert q.block == (1, 128, 128) and q.scales.ravel().tolist() == [float(FP32(1 / 448)), 2.0, float(FP32(1 / 448))]
+    m = quantise(x, "mxfp8", axis=1)
+    assert m.scales.shape == (3, 4, 64) and np.array_equal(m.dequantise(), x)
+
+
 # ---- delayed scaling -----------------------------------------------------------------------------------
 def test_delayed_scaling_uses_the_history_of_earlier_calls():
     r = get_recipe("tensor-delayed", history_len=3)
@@ -150,8 +159,8 @@ def test_delayed_scaling_uses_the_history_of_earlier_calls():
     quantise(np.array([1.0]), recent)
     assert recent.scale == 448.0
     margin = get_recipe("tensor-delayed", margin=1)
-    quantise(np.array([2.0]), margin)
-    assert margin.scale == 112.0  # 448 / 2 / 2^1
+    quantise(np.array([4.0]), margin)
+    assert margin.scale == 56.0  # 448 / 4 / 2^1
     quantise(np.zeros(2), margin)  # amax 0: the history's max is still 2
     inf = get_recipe("tensor-delayed")
     # the scale comes from earlier tensors, so an infinity saturates like any overflow; the history's
@@ -213,6 +222,8 @@ def test_bad_recipes_and_inputs_are_clear_errors():
         quantise(np.ones((2, 32)), "mxfp8", axis=2)
     with pytest.raises(PitcheckError, match="axis"):
         quantise(np.ones((2, 32)), "mxfp8", axis=-3)
+    with pytest.raises(PitcheckError, match="axis"):
+        quantise(np.ones((2, 32)), "mxfp8", axis=5)
     x = wide_matrix(6, shape=(64, 64))
     assert np.array_equal(fake_quant(x, "mxfp8", axis=-2), fake_quant(x, "mxfp8", axis=0))
     with pytest.raises(PitcheckError, match="matrix"):
