@@ -190,7 +190,7 @@ class TensorDelayed(Recipe):
         out = _tensor_quantised(a, self.scale, self.element, rounding, rng)
         self.history = [float(np.max(np.abs(a), initial=0.0))] + self.history[: self.history_len - 1]
         amax = max(self.history) if self.algo == "max" else self.history[0]
-        if amax > 0 and math.isfinite(amax):
+        if amax > 0 and math.isfinite(amax):  # else TE keeps the previous scale
             self.scale = _tensor_scale(amax, FORMATS[self.element].max, self.margin, False)
         return out
 
@@ -275,7 +275,8 @@ class NVFP4(Recipe):
         amax = _block_amax(a, block)
         scales = round_to(amax / (fmt.max * g), scale_fmt, saturate=True)
         divisor = _expand(scales, block, a.shape) * g
-        values = _cast(a / np.where(divisor > 0, divisor, 1.0), self.element, rounding, rng)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale: its block is set to 0 below
+            values = _cast(a / divisor, self.element, rounding, rng)
         values = np.where(divisor > 0, values, 0.0)
         return Quantised(values, scales, self.element, block, global_scale=g)
 
@@ -311,6 +312,8 @@ def get_recipe(name: str, **options) -> Recipe:
         raise PitcheckError(f"element format {recipe.element!r} is not one of {', '.join(ELEMENT_FORMATS)}")
     if isinstance(recipe, TensorDelayed):
         recipe.__post_init__()
+    if isinstance(recipe, MX) and recipe.scale_rounding not in ("floor", "ceil"):
+        raise PitcheckError(f"unknown MX scale rounding {recipe.scale_rounding!r}; choose floor or ceil")
     return recipe
 
 

@@ -99,6 +99,13 @@ def test_nvfp4_by_hand():
     tiny = quantise(y, "nvfp4")
     assert tiny.scales[1] == 0.0 and tiny.values[16] == 0.0 and tiny.dequantise()[16] == 0.0
     assert quantise(np.zeros(16), "nvfp4").global_scale == 1.0
+    # a global scale other than 1: amax 5376 = 2 (6 * 448); block 1's scale 22.8 / 12 = 1.9 -> 1.875
+    w = np.zeros(32)
+    w[0], w[16], w[17] = 5376.0, 22.8, 1.0
+    q = quantise(w, "nvfp4")
+    assert q.global_scale == 2.0 and q.scales.tolist() == [448.0, 1.875]
+    # 22.8 / 3.75 = 6.08 -> 6, 1 / 3.75 = 0.27 -> 0.5
+    assert q.values[[16, 17]].tolist() == [6.0, 0.5] and q.dequantise()[[0, 16, 17]].tolist() == [5376.0, 22.5, 1.875]
 
 
 # ---- orientation ---------------------------------------------------------------------------------------
@@ -133,6 +140,9 @@ def test_partial_blocks_at_the_edges():
     assert q.scales.shape == (2,) and q.scale_codes.tolist() == [127 + 5 - 8, 127 + 6 - 8]  # amax 32, 100
     assert quantise(np.ones((3, 130)), "block-128x128").scales.shape == (1, 2)
     assert quantise(np.ones((3, 130)), "block-1x128", axis=0).scales.shape == (1, 130)
+    assert quantise(np.ones((2, 2, 128, 128)), "block-128x128").block == (1, 1, 128, 128)
+    empty = quantise(np.zeros(0), "tensor-current")
+    assert empty.values.shape == (0,) and empty.scales.tolist() == [1.0]
 
 
 def test_stacked_matrices_are_blocked_matrix_by_matrix():
@@ -167,8 +177,11 @@ def test_delayed_scaling_uses_the_history_of_earlier_calls():
     # infinite amax leaves the scale as it was (not 448 / inf = 0)
     assert quantise(np.array([np.inf, 1.0]), inf).values.tolist() == [448.0, 1.0] and inf.scale == 1.0
     zero = get_recipe("tensor-delayed", history_len=1)
+    quantise(np.array([2.0]), zero)
     quantise(np.zeros(2), zero)
-    assert zero.scale == 1.0  # a zero amax keeps the previous scale
+    assert zero.scale == 224.0 and zero.history == [0.0]  # a zero amax keeps the previous scale
+    quantise(np.zeros(0), zero)
+    assert zero.history == [0.0]
     assert get_recipe("tensor-delayed").history == []  # a fresh recipe has a fresh history
 
 
@@ -186,6 +199,8 @@ def test_torch_input_gives_the_same_values_as_a_float64_tensor():
     for name in RECIPES:
         t = fake_quant(torch.from_numpy(x), name)
         assert t.dtype == torch.float64 and np.array_equal(t.numpy(), fake_quant(x, name)), name
+        # the recipe's own verbs, defaults included, are the module's
+        assert np.array_equal(get_recipe(name).fake_quant(x), fake_quant(x, name, axis=-1)), name
 
 
 def test_nan_or_inf_poisons_only_its_block():
@@ -200,7 +215,8 @@ def test_nan_or_inf_poisons_only_its_block():
             bad[:] = True
         assert np.isnan(y[bad]).all() and (y[~bad] == 1.0).all(), name
     for name in ("tensor-current", "nvfp4"):
-        assert np.isnan(fake_quant(x, name)).all()
+        q = quantise(x, name)
+        assert np.isnan(q.dequantise()).all() and q.scales.shape == (1, 1) and np.isnan(q.scales).all()
 
 
 def test_bad_recipes_and_inputs_are_clear_errors():
@@ -214,6 +230,8 @@ def test_bad_recipes_and_inputs_are_clear_errors():
         get_recipe("mxfp8", element="bf16")
     with pytest.raises(PitcheckError, match="unknown format"):
         get_recipe("mxfp8", element="fp6")
+    with pytest.raises(PitcheckError, match="scale rounding"):
+        get_recipe("mxfp8", scale_rounding="nearest")
     with pytest.raises(PitcheckError, match="most_recent"):
         get_recipe("tensor-delayed", algo="mean")
     with pytest.raises(PitcheckError, match="history"):
