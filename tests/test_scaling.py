@@ -1,6 +1,8 @@
 """The scaling recipes: hand-computed blocks with exact values, orientation, the state of delayed
 scaling, bad input. test_scaling_torchao.py checks the MX and NVFP4 recipes against torchao."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -106,6 +108,9 @@ def test_nvfp4_by_hand():
     assert q.global_scale == 2.0 and q.scales.tolist() == [448.0, 1.875]
     # 22.8 / 3.75 = 6.08 -> 6, 1 / 3.75 = 0.27 -> 0.5
     assert q.values[[16, 17]].tolist() == [6.0, 0.5] and q.dequantise()[[0, 16, 17]].tolist() == [5376.0, 22.5, 1.875]
+    assert quantise(w / 8192, "nvfp4").global_scale == 2.0**-12  # below 1 too
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        q.values = w
 
 
 # ---- orientation ---------------------------------------------------------------------------------------
