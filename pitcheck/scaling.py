@@ -122,10 +122,13 @@ class Recipe:
     name: str = ""
 
     def quantise(self, x, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
-        raise NotImplementedError
+        return self._quantise(_to_numpy(x), axis, rounding, rng)
 
     def fake_quant(self, x, axis: int = -1, rounding: str = "nearest", rng=None):
         return _like(self.quantise(x, axis=axis, rounding=rounding, rng=rng).dequantise(), x)
+
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+        raise NotImplementedError
 
 
 def _tensor_scale(amax: float, fmax: float, margin: float, pow2: bool) -> float:
@@ -155,8 +158,7 @@ class TensorCurrent(Recipe):
     pow2: bool = False
     amax_epsilon: float = 0.0
 
-    def quantise(self, x, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
-        a = _to_numpy(x)
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
         amax = float(np.max(np.abs(a), initial=0.0))
         if not math.isfinite(amax):
             return _nan_quantised(a, self.element)
@@ -185,8 +187,7 @@ class TensorDelayed(Recipe):
         if self.history_len < 1:
             raise PitcheckError(f"amax history length must be at least 1, got {self.history_len}")
 
-    def quantise(self, x, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
-        a = _to_numpy(x)
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
         out = _tensor_quantised(a, self.scale, self.element, rounding, rng)
         self.history = [float(np.max(np.abs(a), initial=0.0))] + self.history[: self.history_len - 1]
         amax = max(self.history) if self.algo == "max" else self.history[0]
@@ -209,8 +210,7 @@ class BlockFP32(Recipe):
 
     block: tuple = (128,)
 
-    def quantise(self, x, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
-        a = _to_numpy(x)
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
         block = _block_shape(a.shape, self.block, axis)
         amax = _block_amax(a, block)
         scales = _fp32(amax / FORMATS[self.element].max)
@@ -231,8 +231,7 @@ class MX(Recipe):
     block: tuple = (32,)
     scale_rounding: str = "floor"
 
-    def quantise(self, x, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
-        a = _to_numpy(x)
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
         fmt = FORMATS[self.element]
         block = _block_shape(a.shape, self.block, axis)
         amax = _block_amax(a, block)
@@ -264,8 +263,7 @@ class NVFP4(Recipe):
     element: str = "fp4-e2m1"
     block: tuple = (16,)
 
-    def quantise(self, x, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
-        a = _to_numpy(x)
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
         fmt, scale_fmt = FORMATS[self.element], FORMATS["fp8-e4m3"]
         block = _block_shape(a.shape, self.block, axis)
         tensor_amax = float(np.max(np.abs(a), initial=0.0))

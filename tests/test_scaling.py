@@ -208,6 +208,22 @@ def test_torch_input_gives_the_same_values_as_a_float64_tensor():
         assert np.array_equal(get_recipe(name).fake_quant(x), fake_quant(x, name, axis=-1)), name
 
 
+def test_blocks_run_along_the_last_axis_by_default():
+    x = wide_matrix(7, shape=(2, 32, 64))
+    for name in ("block-1x128", "mxfp8", "mxfp4", "nvfp4"):
+        want = quantise(x, name, axis=2)
+        for got in (quantise(x, name), get_recipe(name).quantise(x)):
+            assert np.array_equal(got.values, want.values) and np.array_equal(got.scales, want.scales), name
+        for got in (fake_quant(x, name), get_recipe(name).fake_quant(x)):
+            assert np.array_equal(got, want.dequantise()), name
+        assert not np.array_equal(quantise(x, name, axis=1).values, want.values)
+
+
+def test_delayed_scaling_defaults_are_transformer_engines():
+    r = get_recipe("tensor-delayed")
+    assert (r.history_len, r.algo, r.margin, r.scale, r.element) == (1024, "max", 0.0, 1.0, "fp8-e4m3")
+
+
 def test_nan_or_inf_poisons_only_its_block():
     x = np.ones((2, 64))
     x[0, 0], x[1, 40] = np.nan, np.inf
