@@ -294,6 +294,7 @@ def test_e8m0_rounding_modes_and_range():
     assert e8m0_encode(x, "nearest").tolist() == [129, 129, 128, 127, 0, 254, 255, 255, 255, 255, 255]
     assert e8m0_encode(x, "floor").tolist() == [128, 129, 127, 127, 0, 254, 254, 255, 255, 255, 255]
     assert e8m0_encode(x, "ceil").tolist() == [129, 129, 128, 128, 0, 255, 255, 255, 255, 255, 255]
+    assert e8m0_encode(np.array([1e300, 1e-300]), "floor").tolist() == [255, 0]  # far out of range, both ways
     # ml_dtypes rounds a float32 subnormal bitwise (1.25 2^-127 -> 2^-126); the nearest power of two is 2^-127
     assert e8m0_encode(np.array([1.25 * 2.0**-127]))[0] == 0
     with pytest.raises(PitcheckError, match="E8M0 rounding"):

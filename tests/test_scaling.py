@@ -219,6 +219,17 @@ def test_blocks_run_along_the_last_axis_by_default():
         assert not np.array_equal(quantise(x, name, axis=1).values, want.values)
 
 
+def test_string_options_are_compared_by_value():
+    algo, rounding = "".join(["ma", "x"]), "".join(["fl", "oor"])  # equal, not the same objects
+    r = get_recipe("tensor-delayed", algo=algo)
+    for amax in (4.0, 1.0):
+        quantise(np.array([amax]), r)
+    assert r.scale == 112.0  # the history's max, 4
+    x = np.zeros(32)
+    x[0] = 3.0
+    assert quantise(x, get_recipe("mxfp8", scale_rounding=rounding)).scales.tolist() == [2.0**-7]
+
+
 def test_delayed_scaling_defaults_are_transformer_engines():
     r = get_recipe("tensor-delayed")
     assert (r.history_len, r.algo, r.margin, r.scale, r.element) == (1024, "max", 0.0, 1.0, "fp8-e4m3")
