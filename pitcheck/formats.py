@@ -160,7 +160,7 @@ def e8m0_encode(x, rounding: str = "nearest") -> np.ndarray:
     if rounding not in E8M0_ROUNDINGS:
         raise PitcheckError(f"unknown E8M0 rounding {rounding!r}; choose from {', '.join(E8M0_ROUNDINGS)}")
     x = np.asarray(x, dtype=np.float64)
-    positive = np.isfinite(x) & (x > 0)
+    positive = np.logical_and(np.isfinite(x), x > 0)
     m, e = np.frexp(np.where(positive, x, 1.0))  # x = (2m) 2^(e - 1), 1 <= 2m < 2
     k = e - 1
     if rounding == "nearest":
@@ -168,7 +168,7 @@ def e8m0_encode(x, rounding: str = "nearest") -> np.ndarray:
     elif rounding == "ceil":
         k = k + (m > 0.5)
     code = np.maximum(k, -E8M0_BIAS) + E8M0_BIAS
-    code = np.where(positive & (code < E8M0_NAN), code, E8M0_NAN)
+    code = np.where(np.logical_and(positive, code < E8M0_NAN), code, E8M0_NAN)
     return code.astype(np.uint8)
 
 

@@ -274,8 +274,9 @@ def test_e8m0_decode_matches_ml_dtypes_on_every_code():
     native = codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
     assert same(e8m0_decode(codes), native).all()
     assert e8m0_decode(np.uint8([0, 127, 254]))[[0, 1, 2]].tolist() == [2.0**-127, 1.0, 2.0**127]
-    with pytest.raises(PitcheckError, match="uint8"):
-        e8m0_decode(np.array([1, 2]))
+    for wrong in (np.int64, np.int8, np.float32):
+        with pytest.raises(PitcheckError, match="uint8"):
+            e8m0_decode(np.array([1, 2], dtype=wrong))
 
 
 def test_e8m0_nearest_matches_ml_dtypes_on_normal_float32():
@@ -297,5 +298,7 @@ def test_e8m0_rounding_modes_and_range():
     assert e8m0_encode(np.array([1e300, 1e-300]), "floor").tolist() == [255, 0]  # far out of range, both ways
     # ml_dtypes rounds a float32 subnormal bitwise (1.25 2^-127 -> 2^-126); the nearest power of two is 2^-127
     assert e8m0_encode(np.array([1.25 * 2.0**-127]))[0] == 0
+    # modes compared by value
+    assert e8m0_encode(x[:1], "".join(["cei", "l"])).tolist() == e8m0_encode(x[:1], "".join(["near", "est"])).tolist() == [129]
     with pytest.raises(PitcheckError, match="E8M0 rounding"):
         e8m0_encode(x, "up")
