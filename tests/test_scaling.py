@@ -226,7 +226,7 @@ def test_string_options_are_compared_by_value():
         quantise(np.array([amax]), r)
     assert r.scale == 112.0  # the history's max, 4
     x = np.zeros(32)
-    x[0] = 3.0
+    x[0] = 3.9  # floor: 2^(1 - 8); ceil would give 2^-6
     assert quantise(x, get_recipe("mxfp8", scale_rounding=rounding)).scales.tolist() == [2.0**-7]
 
 
