@@ -2,6 +2,17 @@
 
 Rounding is emulated from float64 (numpy) or from float32/float64 (torch) by scaling to an integer
 significand and rounding there, so each result is one correct rounding of the input: no double rounding.
+
+The 8- and 4-bit element formats follow the OCP 8-bit floating point (OFP8) and microscaling (MX v1.0)
+specifications: fp8-e4m3 is E4M3 "fn" (no infinities, one NaN pattern, max 448), fp8-e5m2 is IEEE-like
+(infinities, max 57344), fp4-e2m1 is E2M1 (no infinities and no NaN, max 6). OFP8 defines two
+conversion modes for values beyond the largest finite one: non-saturating (overflow gives NaN in E4M3,
+infinity in E5M2) and saturating (overflow and infinities give the signed largest finite value, the
+"satfinite" casts of the scaling recipes). round_to defaults to non-saturating, which is what ml_dtypes
+does (so the element casts are tested bit for bit against it); saturate=True gives the other. E2M1
+has nothing to overflow to, so it always saturates. The E8M0 scale format (unsigned powers of two
+2^-127..2^127, code 0xFF is NaN) has no sign, zero or significand and is not an element format: see
+e8m0_encode / e8m0_decode.
 """
 from __future__ import annotations
 
@@ -20,6 +31,8 @@ class Format:
     emax: int  # largest exponent of a normal number
     emin: int  # smallest exponent of a normal number
     has_inf: bool = True
+    # False for a format with no NaN encoding either (E2M1): out-of-range values can only saturate
+    has_nan: bool = True
     # largest finite value; None means the IEEE value (2 - 2^(1-p)) 2^emax
     max_finite: float | None = None
 
@@ -55,6 +68,8 @@ FORMATS: dict[str, Format] = {
         # OCP e4m3 "fn": no infinities, one NaN pattern, so its largest finite value is 448
         Format("fp8-e4m3", 4, 8, -6, has_inf=False, max_finite=448.0),
         Format("fp8-e5m2", 3, 15, -14),
+        # OCP MX E2M1: values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives
+        Format("fp4-e2m1", 2, 2, 0, has_inf=False, has_nan=False, max_finite=6.0),
     ]
 }
 
@@ -70,12 +85,15 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
+def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None, saturate: bool = False):
     """Round every entry of x to the nearest value of `fmt` (ties to even), returned in x's dtype.
 
     mode="stochastic" rounds up with probability equal to the fractional distance (unbiased);
     it needs `rng` (a numpy Generator, or a torch Generator for torch input).
-    Overflow gives +-inf, or NaN for formats without infinities (as ml_dtypes does).
+    Overflow gives +-inf, or NaN for formats without infinities (as ml_dtypes does: OFP8's
+    non-saturating mode); saturate=True (OFP8's saturating mode) gives the signed largest finite
+    value instead, for infinities too, and a format with no NaN (E2M1) always saturates. NaN stays NaN
+    in every format (ml_dtypes turns NaN into -0 in E2M1; a silent zero would hide a failure).
     The input dtype must carry more significand bits than fmt, so x itself is exact.
     """
     if isinstance(fmt, str):
@@ -114,11 +132,53 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None):
     e = where(e > fmt.emin + 1, e, fmt.emin + 1)  # below the normal range the quantum stays fixed
     shift = fmt.p - e  # quantum is 2^(e - p)
     y = xp.ldexp(rint(xp.ldexp(x_finite, shift)), -shift)
-    overflow = xp.abs(y) > fmt.max
-    big = xp.copysign(full_like(y, float("inf")), y) if fmt.has_inf else full_like(y, float("nan"))
-    y = where(overflow, big, y)
-    # infinities pass through, except into a format that has none (as ml_dtypes does)
-    return where(finite, y, x if fmt.has_inf else full_like(x, float("nan")))
+    if saturate or not fmt.has_nan:
+        big = xp.copysign(full_like(y, fmt.max), x_finite)
+        rest = where(xp.isinf(x), xp.copysign(full_like(x, fmt.max), x), x)  # NaN stays NaN
+    elif fmt.has_inf:
+        big = xp.copysign(full_like(y, float("inf")), y)
+        rest = x  # infinities pass through
+    else:  # no infinity to pass through or overflow to (as ml_dtypes does)
+        big = full_like(y, float("nan"))
+        rest = full_like(x, float("nan"))
+    y = where(xp.abs(y) > fmt.max, big, y)
+    return where(finite, y, rest)
+
+
+# E8M0: an unsigned power of two 2^(code - 127), code 0..254, and code 255 is NaN (OCP MX v1.0)
+E8M0_BIAS = 127
+E8M0_NAN = 255
+E8M0_ROUNDINGS = ("nearest", "floor", "ceil")
+
+
+def e8m0_encode(x, rounding: str = "nearest") -> np.ndarray:
+    """E8M0 codes (uint8) of positive values: the exponent of the nearest power of two (linear
+    distance, a tie 1.5 2^k going up, as ml_dtypes does for every normal float32), of the power of
+    two at or below ("floor", the OCP MX scale rule) or at or above ("ceil", NVIDIA's RCEIL).
+    Values below 2^-127 give 2^-127 (code 0); values above 2^127 that do not round to it, zero,
+    negatives, infinities and NaN give NaN (code 255)."""
+    if rounding not in E8M0_ROUNDINGS:
+        raise PitcheckError(f"unknown E8M0 rounding {rounding!r}; choose from {', '.join(E8M0_ROUNDINGS)}")
+    x = np.asarray(x, dtype=np.float64)
+    positive = np.logical_and(np.isfinite(x), x > 0)
+    m, e = np.frexp(np.where(positive, x, 1.0))  # x = (2m) 2^(e - 1), 1 <= 2m < 2
+    k = e - 1
+    if rounding == "nearest":
+        k = k + (m >= 0.75)
+    elif rounding == "ceil":
+        k = k + (m > 0.5)
+    code = np.maximum(k, -E8M0_BIAS) + E8M0_BIAS
+    code = np.where(np.logical_and(positive, code < E8M0_NAN), code, E8M0_NAN)
+    return code.astype(np.uint8)
+
+
+def e8m0_decode(codes) -> np.ndarray:
+    """The float64 values 2^(code - 127) of E8M0 codes; code 255 is NaN."""
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8:
+        raise PitcheckError(f"E8M0 codes are uint8, got {codes.dtype}")
+    values = np.ldexp(1.0, codes.astype(np.int64) - E8M0_BIAS)
+    return np.where(codes == E8M0_NAN, np.nan, values)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,3 +1,7 @@
+import bisect
+import functools
+from fractions import Fraction
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -6,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pitcheck import PitcheckError
-from pitcheck.formats import FORMATS, get_format, round_to
+from pitcheck.formats import FORMATS, e8m0_decode, e8m0_encode, get_format, round_to
 
 
 def test_unit_roundoff_table():
@@ -102,3 +106,199 @@ def test_bad_format_and_mode_are_clear_errors():
         round_to(np.ones(2), "bf16", mode="up")
     with pytest.raises(PitcheckError, match="Generator"):
         round_to(np.ones(2), "bf16", mode="stochastic")
+
+
+# ---- the 8- and 4-bit element formats and the E8M0 scale format: value by value against ml_dtypes
+# (on float32 inputs) and against exact rounding from the enumerated grid with fractions (on float64
+# inputs, which ml_dtypes rounds through float32 first)
+SMALL_NATIVE = {"fp8-e4m3": ml_dtypes.float8_e4m3fn, "fp8-e5m2": ml_dtypes.float8_e5m2, "fp4-e2m1": ml_dtypes.float4_e2m1fn}
+N_CODES = {"fp8-e4m3": 256, "fp8-e5m2": 256, "fp4-e2m1": 16}
+
+
+@functools.lru_cache(maxsize=None)
+def grid(name):
+    """(value, code) of every non-negative finite value, ascending, then the next value the format
+    would have (max + its spacing), with the code after max's: where overflow rounds to."""
+    codes = np.arange(N_CODES[name], dtype=np.uint8)
+    values = codes.view(SMALL_NATIVE[name]).astype(np.float64)
+    pos = [(Fraction(float(v)), int(c)) for v, c in zip(values, codes) if np.isfinite(v) and v >= 0 and not np.signbit(v)]
+    pos.sort()
+    (top, top_code), (below, _) = pos[-1], pos[-2]
+    return pos + [(top + (top - below), top_code + 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def grid_values(name):
+    return [v for v, _ in grid(name)]
+
+
+def probes32(name):
+    """float32: every representable value, every midpoint between neighbours (including the
+    overflow midpoint), the float32 neighbours of each, specials; both signs."""
+    g = [float(v) for v, _ in grid(name)]
+    values = np.array(g, dtype=np.float32)
+    mids = np.array([(a + b) / 2 for a, b in zip(g, g[1:])] + [g[-1] * 4], dtype=np.float32)
+    near = [np.nextafter(p, np.float32(np.inf)) for p in (values, mids)] + [np.nextafter(p, np.float32(0)) for p in (values, mids)]
+    specials = np.array([np.inf, np.finfo(np.float32).max, np.finfo(np.float32).smallest_subnormal, 1e-30], np.float32)
+    x = np.concatenate([values, mids, *near, specials])
+    return np.concatenate([x, -x, np.float32([np.nan])])
+
+
+def same(a, b):
+    """Bit-for-bit equal as values: NaN matches NaN, and zeros match in sign."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    both_nan = np.isnan(a) & np.isnan(b)
+    return both_nan | ((a == b) & (np.signbit(a) == np.signbit(b)))
+
+
+@pytest.mark.parametrize("name", list(SMALL_NATIVE))
+def test_every_value_and_midpoint_matches_ml_dtypes(name):
+    x = probes32(name)
+    with np.errstate(over="ignore", invalid="ignore"):
+        native = x.astype(SMALL_NATIVE[name]).astype(np.float64)
+    mine = round_to(x.astype(np.float64), name)
+    ok = same(mine, native)
+    if name == "fp4-e2m1":
+        # ml_dtypes turns NaN into -0 (E2M1 has no NaN); round_to keeps it NaN, on purpose
+        assert np.isnan(mine[np.isnan(x)]).all() and (native[np.isnan(x)] == 0).all()
+        ok |= np.isnan(x)
+    assert ok.all(), f"{(~ok).sum()} mismatches, first at {x[~ok][:5]}"
+    # from a float32 torch tensor too, the same values
+    t = round_to(torch.from_numpy(x), name)
+    assert t.dtype == torch.float32 and same(t.numpy(), mine).all()
+
+
+def test_known_boundaries():
+    r = lambda v, name, **kw: list(round_to(np.array(v, dtype=np.float64), name, **kw))  # noqa: E731
+    # e4m3: 464 is the tie between 448 (even) and the NaN pattern's 480: stays 448; above it, NaN
+    assert r([464.0, 448.0], "fp8-e4m3") == [448.0, 448.0] and np.isnan(r([464.0001], "fp8-e4m3")[0])
+    # e5m2: 57344 = 1.11b 2^15 has an odd significand, so the tie 61440 goes up to 2^16: infinity (IEEE)
+    assert r([61439.0, 61440.0, -61440.0], "fp8-e5m2") == [57344.0, np.inf, -np.inf]
+    # e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; ties to even, overflow and infinity saturate (no inf, no NaN)
+    assert r([0.25, 0.75, 1.25, 2.5, 3.5, 5.0, 5.0001, 7.0, 1e9, np.inf, -np.inf], "fp4-e2m1") == [
+        0.0, 1.0, 1.0, 2.0, 4.0, 4.0, 6.0, 6.0, 6.0, 6.0, -6.0]
+    # subnormals: e4m3's smallest is 2^-9, half of it ties to 0; e5m2's is 2^-16
+    assert r([2.0**-10, 3 * 2.0**-11, 2.0**-9], "fp8-e4m3") == [0.0, 2.0**-9, 2.0**-9]
+    assert r([2.0**-17, 1.5 * 2.0**-17], "fp8-e5m2") == [0.0, 2.0**-16]
+    assert np.signbit(round_to(np.array([-2.0**-12]), "fp8-e4m3")[0])  # -0 stays negative
+
+
+@pytest.mark.parametrize("name", list(SMALL_NATIVE))
+def test_saturating_mode_is_the_cast_of_the_clipped_value(name):
+    x = probes32(name)
+    fmax = FORMATS[name].max
+    mine = round_to(x.astype(np.float64), name, saturate=True)
+    finite = ~np.isnan(x)
+    with np.errstate(invalid="ignore"):
+        native = np.clip(x, -fmax, fmax).astype(SMALL_NATIVE[name]).astype(np.float64)
+    assert same(mine[finite], native[finite]).all()
+    assert np.isnan(mine[~finite]).all()
+    assert list(round_to(np.array([np.inf, -np.inf, 1e30]), name, saturate=True)) == [fmax, -fmax, fmax]
+
+
+def test_torch_native_casts_agree_with_the_emulation():
+    """torch's eager float32 -> float8_e4m3fn cast saturates (since 2.12); its e5m2 cast does not."""
+    for name, dtype, sat in [("fp8-e4m3", torch.float8_e4m3fn, True), ("fp8-e5m2", torch.float8_e5m2, False)]:
+        x = probes32(name)
+        native = torch.from_numpy(x).to(dtype).double().numpy()
+        assert same(round_to(x.astype(np.float64), name, saturate=sat), native).all(), name
+
+
+def exact_round(x: float, name: str, saturate=False) -> float:
+    """Round-to-nearest-even by exact arithmetic on the enumerated grid (a tie goes to the even code)."""
+    if x != x:
+        return np.nan
+    fmt, g = FORMATS[name], grid(name)
+    a = Fraction(abs(x)) if np.isfinite(x) else Fraction(10**400)
+    values = grid_values(name)
+    i = bisect.bisect_right(values, a) - 1
+    if i == len(g) - 1:
+        pick = i
+    else:
+        (lo, lo_code), (hi, hi_code) = g[i], g[i + 1]
+        d_lo, d_hi = a - lo, hi - a
+        pick = i if d_lo < d_hi or (d_lo == d_hi and lo_code % 2 == 0) else i + 1
+    if pick == len(g) - 1 or not np.isfinite(x):  # overflow
+        if saturate or not fmt.has_nan:
+            y = fmt.max
+        elif fmt.has_inf:
+            y = np.inf
+        else:
+            return np.nan
+    else:
+        y = float(values[pick])
+    return float(np.copysign(y, x))
+
+
+@pytest.mark.parametrize("name", list(SMALL_NATIVE))
+@pytest.mark.parametrize("saturate", [False, True])
+def test_float64_inputs_round_once_exactly(name, saturate):
+    g = [float(v) for v, _ in grid(name)]
+    mids = np.array([(a + b) / 2 for a, b in zip(g, g[1:])])
+    pts = np.concatenate([mids, np.array(g)])
+    x = np.concatenate([pts, np.nextafter(pts, np.inf), np.nextafter(pts, 0), pts * (1 + 2.0**-30), pts * (1 - 2.0**-30),
+                        np.exp(np.random.default_rng(0).uniform(-12, 12, 2000))])
+    x = np.concatenate([x, -x, [np.inf, -np.inf, np.nan]])
+    want = np.array([exact_round(v, name, saturate) for v in x])
+    assert same(round_to(x, name, saturate=saturate), want).all()
+
+
+def test_ml_dtypes_double_rounds_float64_and_round_to_does_not():
+    x = np.array([-431.99999999999994])  # just inside the midpoint 432 between 416 and 448
+    assert float(x.astype(ml_dtypes.float8_e4m3fn)[0]) == -448.0  # through float32: -432, a tie, to even
+    assert round_to(x, "fp8-e4m3")[0] == -416.0 == exact_round(x[0], "fp8-e4m3")
+
+
+@pytest.mark.parametrize("name,x,lo,hi,p_up", [("fp8-e4m3", 1 + 0.25 * 0.125, 1.0, 1.125, 0.25),
+                                               ("fp8-e5m2", 3.5 + 0.1 * 0.5, 3.5, 4.0, 0.1),
+                                               ("fp4-e2m1", 5.0, 4.0, 6.0, 0.5)])
+def test_stochastic_rounding_lands_on_neighbours_unbiased(name, x, lo, hi, p_up):
+    y = round_to(np.full(100_000, x), name, mode="stochastic", rng=np.random.default_rng(0))
+    assert set(np.unique(y)) == {lo, hi}
+    assert abs((y == hi).mean() - p_up) < 0.007  # 5 standard errors at p = 0.5
+    again = round_to(np.full(100_000, x), name, mode="stochastic", rng=np.random.default_rng(0))
+    assert np.array_equal(y, again)  # seeded: reproducible
+
+
+def test_stochastic_rounding_past_the_largest_value_obeys_the_overflow_mode():
+    x = np.full(20_000, 460.0)  # 12/32 of the way from 448 to 480, beyond e4m3's range
+    y = round_to(x, "fp8-e4m3", mode="stochastic", rng=np.random.default_rng(1))
+    assert abs(np.isnan(y).mean() - 12 / 32) < 0.02 and set(y[~np.isnan(y)]) == {448.0}
+    ys = round_to(x, "fp8-e4m3", mode="stochastic", rng=np.random.default_rng(1), saturate=True)
+    assert set(ys) == {448.0}
+
+
+# ---- E8M0 ------------------------------------------------------------------------------------------
+def test_e8m0_decode_matches_ml_dtypes_on_every_code():
+    codes = np.arange(256, dtype=np.uint8)
+    native = codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+    assert same(e8m0_decode(codes), native).all()
+    assert e8m0_decode(np.uint8([0, 127, 254]))[[0, 1, 2]].tolist() == [2.0**-127, 1.0, 2.0**127]
+    for wrong in (np.int64, np.int8, np.float32):
+        with pytest.raises(PitcheckError, match="uint8"):
+            e8m0_decode(np.array([1, 2], dtype=wrong))
+
+
+def test_e8m0_nearest_matches_ml_dtypes_on_normal_float32():
+    e = np.arange(-126, 128)
+    m = np.array([1.0, np.nextafter(np.float32(1.5), np.float32(0)), 1.5, np.nextafter(np.float32(1.5), np.float32(2)),
+                  np.nextafter(np.float32(2), np.float32(0))], dtype=np.float32)
+    x = (m[None, :] * np.ldexp(np.float32(1), e)[:, None].astype(np.float32)).astype(np.float32).ravel()
+    x = x[np.isfinite(x)]
+    x = np.concatenate([x, np.float32([0, -0.0, -1, -np.inf, np.inf, np.nan, 2.0**-127, 2.0**-128, 1e-45])])
+    native = x.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)
+    assert np.array_equal(e8m0_encode(x), native)
+
+
+def test_e8m0_rounding_modes_and_range():
+    x = np.array([3.0, 4.0, 1.5, 1.4999, 2.0**-130, 2.0**127 * 1.49, 2.0**127 * 1.5, 2.0**128, 0.0, -2.0, np.nan])
+    assert e8m0_encode(x, "nearest").tolist() == [129, 129, 128, 127, 0, 254, 255, 255, 255, 255, 255]
+    assert e8m0_encode(x, "floor").tolist() == [128, 129, 127, 127, 0, 254, 254, 255, 255, 255, 255]
+    assert e8m0_encode(x, "ceil").tolist() == [129, 129, 128, 128, 0, 255, 255, 255, 255, 255, 255]
+    assert e8m0_encode(np.array([1e300, 1e-300]), "floor").tolist() == [255, 0]  # far out of range, both ways
+    # ml_dtypes rounds a float32 subnormal bitwise (1.25 2^-127 -> 2^-126); the nearest power of two is 2^-127
+    assert e8m0_encode(np.array([1.25 * 2.0**-127]))[0] == 0
+    # modes compared by value
+    assert e8m0_encode(x[:1], "".join(["cei", "l"])).tolist() == e8m0_encode(x[:1], "".join(["near", "est"])).tolist() == [129]
+    with pytest.raises(PitcheckError, match="E8M0 rounding"):
+        e8m0_encode(x, "up")

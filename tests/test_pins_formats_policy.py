@@ -7,7 +7,7 @@ from pitcheck.errors import PitcheckError
 from pitcheck.formats import FORMATS, Format, get_format, overflow_threshold, round_to
 from pitcheck.policy import POLICIES, get_policy
 
-P = {"fp64": 53, "fp32": 24, "tf32": 11, "fp16": 11, "bf16": 8, "fp8-e4m3": 4, "fp8-e5m2": 3}
+P = {"fp64": 53, "fp32": 24, "tf32": 11, "fp16": 11, "bf16": 8, "fp8-e4m3": 4, "fp8-e5m2": 3, "fp4-e2m1": 2}
 
 
 def test_format_table_exact():
@@ -23,6 +23,9 @@ def test_format_table_exact():
     assert FORMATS["fp8-e4m3"].max == 448.0 and not FORMATS["fp8-e4m3"].has_inf
     assert FORMATS["fp8-e4m3"].smallest_subnormal == 2.0**-9
     assert FORMATS["fp8-e5m2"].max == 57344.0 and FORMATS["fp8-e5m2"].has_inf
+    e2m1 = FORMATS["fp4-e2m1"]
+    assert (e2m1.max, e2m1.tiny, e2m1.smallest_subnormal, e2m1.has_inf, e2m1.has_nan) == (6.0, 1.0, 0.5, False, False)
+    assert [f.name for f in FORMATS.values() if not f.has_nan] == ["fp4-e2m1"]
     assert Format("x", 5, 4, -3).max == (2 - 2.0**-4) * 16 and Format("x", 5, 4, -3).tiny == 0.125
     assert get_format("bf16") is FORMATS["bf16"]
     with pytest.raises(PitcheckError):
@@ -119,7 +122,7 @@ def test_fp64_and_fp32_ranges():
 def test_format_exponent_ranges_ieee_and_ocp():
     assert {n: (f.emax, f.emin) for n, f in FORMATS.items()} == {
         "fp64": (1023, -1022), "fp32": (127, -126), "tf32": (127, -126), "fp16": (15, -14), "bf16": (127, -126),
-        "fp8-e4m3": (8, -6), "fp8-e5m2": (15, -14)}
+        "fp8-e4m3": (8, -6), "fp8-e5m2": (15, -14), "fp4-e2m1": (2, 0)}
 
 
 def test_stochastic_mode_is_compared_by_value():

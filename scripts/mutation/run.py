@@ -54,6 +54,7 @@ MODULES: dict[str, list[str]] = {
     "retractions": ["tests/test_pins_retractions.py", "tests/test_retractions.py"],
     "formats": ["tests/test_pins_formats_policy.py", "tests/test_formats.py"],
     "policy": ["tests/test_pins_formats_policy.py"],
+    "scaling": ["tests/test_scaling.py"],
     "oracle": ["tests/test_pins_oracle.py", "tests/test_pins_oracle_resolution.py"],
     "validate/checks": ["tests/test_pins_checks.py", "tests/test_validate_checks.py"],
     "arrays": ["tests/test_pins_arrays.py"],
