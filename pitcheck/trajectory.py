@@ -28,6 +28,7 @@ from . import __version__
 from . import lm
 from .engine import Engine, StateBreakdown, StepSettings
 from .errors import PitcheckError
+from .events import THRESHOLDS, raised_by, row_events
 from .gradients import AdversaryParams, check_adversary_params, parse_adversary
 from .heads import HEADS, PIT_ONLY, TableEngine
 from .metrics import EXTENDED_BITS, drift_bound
@@ -39,13 +40,6 @@ from .rundir import (CHECKPOINT, CSV_COLUMNS, EVENTS, LOCK, LOSS_COLUMNS, MANIFE
 __all__ = ["METRIC_COLUMNS", "THRESHOLDS", "RunBreakdown", "RunConfig", "Trajectory", "read_events",
            "read_metrics", "recorded_steps", "run"]
 
-# first crossings of these levels are recorded as events
-THRESHOLDS = {
-    "orthonormality": (1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1e-1),
-    "pinv_drift": (1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1e-1),
-    "cond_T": (1e2, 1e4, 1e8, 1e12),
-    "breakdown_margin": (1.0,),
-}
 # beyond this T0's smallest eigenvalue is below float64's resolution of its largest (u = 1.1e-16), and
 # its Cholesky factorisation can fail (it does at 1e17)
 MAX_COND = 1e15
@@ -643,13 +637,7 @@ class Trajectory:
         self.rows, self.events = rows, events
         if self.engine.source:
             self._check_losses(manifest, rows)
-        for e in events:
-            if e["event"] == "threshold_crossed":
-                self.crossed.update(f"{e['metric']}>{lv:g}" for lv in THRESHOLDS[e["metric"]] if lv <= e["level"])
-            elif e["event"] == "nonfinite_metric":
-                self.crossed.update(f"{m}:nonfinite" for m in e["metrics"])
-            elif e["event"] == "precision_cannot_resolve":
-                self.crossed.add("unresolved")
+        self.crossed = raised_by(events)
         self.resumed_from = self.step
 
     def _check_losses(self, manifest: dict, rows: list[dict]) -> None:
@@ -688,25 +676,9 @@ class Trajectory:
     def _measure_row(self) -> None:
         row = self.measure()
         self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
-        for metric, levels in THRESHOLDS.items():
-            # one event per metric and record: the highest level crossed for the first time
-            new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in self.crossed]
-            if new:
-                self.crossed.update(f"{metric}>{lv:g}" for lv in levels if row[metric] > lv)
-                self._event(self.step, {"event": "threshold_crossed", "metric": metric, "level": max(new),
-                                        "value": row[metric]})
-        # baseline heads have no solve: nothing to resolve
-        if not row.get("trisolve_resolved", True) and "unresolved" not in self.crossed:
-            self.crossed.add("unresolved")
-            self._event(self.step, {"event": "precision_cannot_resolve", "metric": "trisolve_forward",
-                                    "bound": row["cond_T"] * self.policy.u})
-        # a metric that could not be measured is written as NaN, and said so the first time
-        lost = [k for k in METRIC_COLUMNS[1:] if k not in self.not_applicable and not np.isfinite(row[k])
-                and f"{k}:nonfinite" not in self.crossed]
-        if lost:
-            self.crossed.update(f"{k}:nonfinite" for k in lost)
-            reason = "; ".join(row.get("unmeasured", [])) or "not finite"
-            self._event(self.step, {"event": "nonfinite_metric", "metrics": lost, "reason": reason})
+        for event in row_events(row, self.crossed, metrics=METRIC_COLUMNS[1:], not_applicable=self.not_applicable,
+                                u=self.policy.u):
+            self._event(self.step, event)
 
     def _record(self) -> None:
         self._measure_row()

@@ -90,8 +90,8 @@ PLANTED += [
     (EN, 'm_hat = opt["m" + which] / (1 - BETA1**t)\n        v_hat = opt["v" + which] / (1 - BETA2**t)',
      'm_hat = opt["m" + which]\n        v_hat = opt["v" + which]', TE + "test_one_adam_step_by_hand"),
     # a threshold event recorded at every record above the level instead of at the first crossing
-    ("pitcheck/trajectory.py",
-     'new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in self.crossed]',
+    ("pitcheck/events.py",
+     'new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in raised]',
      "new = [lv for lv in levels if row[metric] > lv]",
      "tests/test_pins_events.py::test_a_threshold_event_is_recorded_at_the_first_crossing_only"),
     # the dense-output model's T-gradient with its sign flipped ...

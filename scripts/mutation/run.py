@@ -60,6 +60,7 @@ MODULES: dict[str, list[str]] = {
     "arrays": ["tests/test_pins_arrays.py"],
     "engine": ["tests/test_pins_engine.py"],
     "gradients": ["tests/test_pins_gradients.py", "tests/test_gradients.py"],
+    "events": ["tests/test_pins_events.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 
