@@ -103,3 +103,33 @@ def test_raised_by_rebuilds_what_the_rules_raised():
     assert {"orthonormality>0.01", "cond_T>10000", "unresolved", "trisolve_forward:nonfinite"} <= raised
     assert "orthonormality>0.1" not in raised and "cond_T>1e+08" not in raised
     assert raised_by([]) == set()
+
+
+def test_the_levels_are_the_documented_ones():
+    from pitcheck.events import THRESHOLDS as LEVELS
+    assert LEVELS == {"orthonormality": (1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1e-1),
+                      "pinv_drift": (1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1e-1),
+                      "cond_T": (1e2, 1e4, 1e8, 1e12), "breakdown_margin": (1.0,)}
+
+
+def test_a_value_exactly_at_a_level_has_not_crossed_it_even_in_a_jump():
+    raised = set()
+    row_events(quiet(orthonormality=1e-4), raised, metrics=METRICS, u=1.0)
+    assert "orthonormality>0.0001" not in raised
+    later = row_events(quiet(orthonormality=2e-4), raised, metrics=METRICS, u=1.0)
+    assert [(e["metric"], e["level"]) for e in later] == [("orthonormality", 1e-4)]
+
+
+def test_raised_by_reads_events_from_the_file_and_ignores_the_other_kinds():
+    import json
+    others = [{"event": "breakdown", "reason": "L"}, {"event": "gradient_overflow"},
+              {"event": "nonfinite_gradient"}, {"event": "nonfinite_state"}, {"event": "reprojected"},
+              {"event": "retraction_failed", "reason": "x"}]
+    raised = set()
+    mine = row_events(quiet(orthonormality=5e-7, trisolve_resolved=False, trisolve_forward=math.nan), raised,
+                      metrics=METRICS, u=1.0)
+    # as read back from events.jsonl: new string objects, not the literals the rules wrote
+    events = json.loads(json.dumps(others[:3] + mine + others[3:]))
+    assert raised_by(events) == raised == {"orthonormality>1e-12", "orthonormality>1e-08", "unresolved",
+                                           "trisolve_forward:nonfinite"}
+    assert raised_by(json.loads(json.dumps(others))) == set()
