@@ -37,3 +37,17 @@ def damage_run_file(path: Path, how: str) -> None:
     else:
         path.write_text('{"step": NaN, "event": "x"}\n' + path.read_text())
     assert path.read_bytes() != data, f"{path.name} {how}: damage changed nothing"
+
+
+def stress_args(files, **options):
+    """`pitcheck stress FILES --option value ...` parsed by the verb's own parser (True: a bare flag)."""
+    import argparse
+
+    from pitcheck import stress
+
+    parser = argparse.ArgumentParser()
+    stress.add_stress_parser(parser.add_subparsers(dest="command"))
+    argv = ["stress", *map(str, files)]
+    for k, v in options.items():
+        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+    return parser.parse_args(argv)

@@ -1,5 +1,4 @@
 """pitcheck.stress: scenario files, budgets, exit codes, table, JSON and JUnit output."""
-import argparse
 import json
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import pytest
 
 from pitcheck import stress
 from pitcheck.stress import Check, judge
+from tests.helpers import stress_args
 
 TINY = """
 [scenario.{name}]
@@ -27,13 +27,6 @@ orthonormality = {budget}
 """
 
 
-def _args(files, **kw):
-    p = argparse.ArgumentParser()
-    stress.add_stress_parser(p.add_subparsers(dest="command"))
-    argv = ["stress", *map(str, files)]
-    for k, v in kw.items():
-        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    return p.parse_args(argv)
 
 
 def _write(tmp_path, text, name="s.toml"):
@@ -44,7 +37,7 @@ def _write(tmp_path, text, name="s.toml"):
 
 def test_held_budget_exits_0(tmp_path, capsys):
     f = _write(tmp_path, TINY.format(name="qr-held", retraction="qr", budget="1e-12"))
-    assert stress.main_stress(_args([f])) == 0
+    assert stress.main_stress(stress_args([f])) == 0
     out = capsys.readouterr().out
     assert "qr-held" in out and "orthonormality" in out and "held" in out and "headroom" in out
 
@@ -53,7 +46,7 @@ def test_broken_budget_exits_1_names_the_metric_and_plots_it(tmp_path, capsys):
     f = _write(tmp_path, TINY.format(name="none-drifts", retraction="none", budget="1e-10")
                + TINY.format(name="qr-holds", retraction="qr", budget="1e-12"))
     out = tmp_path / "out"
-    code = stress.main_stress(_args([f], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json"))
+    code = stress.main_stress(stress_args([f], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json"))
     assert code == 1
     cap = capsys.readouterr()
     assert "BROKEN s::none-drifts: orthonormality reached" in cap.err and "budget from theory" in cap.err
@@ -95,7 +88,7 @@ def test_broken_budget_exits_1_names_the_metric_and_plots_it(tmp_path, capsys):
 ])
 def test_bad_input_exits_2_with_file_and_line(tmp_path, capsys, text, where, what):
     f = _write(tmp_path, text)
-    assert stress.main_stress(_args([f])) == 2
+    assert stress.main_stress(stress_args([f])) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err  # one line
     assert err.startswith(f"pitcheck stress: error: {f}{where}"), err
@@ -103,12 +96,12 @@ def test_bad_input_exits_2_with_file_and_line(tmp_path, capsys, text, where, wha
 
 
 def test_missing_file_and_bad_output_paths_exit_2(tmp_path, capsys):
-    assert stress.main_stress(_args([tmp_path / "nope.toml"])) == 2
+    assert stress.main_stress(stress_args([tmp_path / "nope.toml"])) == 2
     assert "nope.toml: no such file" in capsys.readouterr().err
     f = _write(tmp_path, TINY.format(name="a", retraction="qr", budget="1e-12"))
-    assert stress.main_stress(_args([f], junit=tmp_path)) == 2
+    assert stress.main_stress(stress_args([f], junit=tmp_path)) == 2
     assert "--junit" in capsys.readouterr().err
-    assert stress.main_stress(_args([f], only="b")) == 2
+    assert stress.main_stress(stress_args([f], only="b")) == 2
 
 
 def test_growth_judged_from_step_1():
@@ -169,6 +162,6 @@ def test_the_suite_loads_and_the_module_runs_as_a_command(tmp_path):
 
 
 def test_list_shows_the_suite(capsys):
-    assert stress.main_stress(_args([], list=True)) == 0
+    assert stress.main_stress(stress_args([], list=True)) == 0
     out = capsys.readouterr().out
     assert "retractions::fp64-cholqr2  [theory]" in out and "(needs CUDA)" in out

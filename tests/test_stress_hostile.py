@@ -1,6 +1,5 @@
 """pitcheck stress against careless or hostile input (issue 21): no verdict from a run that judged nothing,
 one directory per scenario whatever its name, JUnit that parses, and outputs checked before any run."""
-import argparse
 import json
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -9,6 +8,7 @@ import pytest
 
 from pitcheck import stress
 from pitcheck.stress import Check, CheckResult, Scenario, ScenarioResult, judge
+from tests.helpers import stress_args
 
 # a tiny run: numpy float64, V = 16, D = 4, 6 steps (recorded at 0..6), a budget every run holds
 TINY = """
@@ -28,13 +28,6 @@ def tiny(key: str, steps: int = 6) -> str:
     return TINY.format(key=key, steps=steps)
 
 
-def _args(files, **kw):
-    p = argparse.ArgumentParser()
-    stress.add_stress_parser(p.add_subparsers(dest="command"))
-    argv = ["stress", *map(str, files)]
-    for k, v in kw.items():
-        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    return p.parse_args(argv)
 
 
 def _write(path: Path, text: str) -> Path:
@@ -57,7 +50,7 @@ def _run_dirs(out: Path) -> list[Path]:
 
 def test_zero_steps_is_refused_at_the_steps_line(tmp_path, capsys):
     f = _write(tmp_path / "s.toml", tiny("a", steps=0))
-    assert stress.main_stress(_args([f], out=tmp_path / "o")) == 2
+    assert stress.main_stress(stress_args([f], out=tmp_path / "o")) == 2
     err = _one_line_error(capsys)
     assert f"{f}:6:" in err and "steps" in err
     assert not _run_dirs(tmp_path / "o")  # refused before anything ran
@@ -68,7 +61,7 @@ def test_initial_state_scenario_runs_no_step_and_says_so(tmp_path, capsys):
     text = tiny("start", steps=0).replace("steps = 0", "steps = 0\ninitial_state = true")
     text += "[scenario.start.floor]\northonormality = 1e-300\n"
     f = _write(tmp_path / "s.toml", text)
-    assert stress.main_stress(_args([f], json=tmp_path / "r.json")) == 0
+    assert stress.main_stress(stress_args([f], json=tmp_path / "r.json")) == 0
     err = capsys.readouterr().err
     assert "initial state only" in err and "1 judged at step 0 only" in err
     [doc] = json.loads((tmp_path / "r.json").read_text())["scenarios"]
@@ -84,7 +77,7 @@ def test_initial_state_scenario_runs_no_step_and_says_so(tmp_path, capsys):
 ])
 def test_initial_state_misused_is_refused(tmp_path, capsys, text, line, what):
     f = _write(tmp_path / "s.toml", text)
-    assert stress.main_stress(_args([f])) == 2
+    assert stress.main_stress(stress_args([f])) == 2
     err = _one_line_error(capsys)
     assert f"{f}:{line}:" in err and what in err
 
@@ -94,7 +87,7 @@ def test_growth_budget_with_too_few_recorded_steps_is_refused(tmp_path, capsys, 
     # steps = 2 records steps 1 and 2 only: a line through two points always fits, whatever the growth
     text = tiny("a", steps=2) + f"[scenario.a.{kind}.growth]\northonormality = 0.5\n"
     f = _write(tmp_path / "s.toml", text)
-    assert stress.main_stress(_args([f])) == 2
+    assert stress.main_stress(stress_args([f])) == 2
     err = _one_line_error(capsys)
     assert f"{f}:12:" in err and "growth" in err and "orthonormality" in err
 
@@ -132,7 +125,7 @@ def test_an_inconclusive_check_fails_the_scenario_and_says_so(tmp_path):
 def test_names_that_sanitise_alike_get_their_own_directories(tmp_path, capsys, names):
     f = _write(tmp_path / "s.toml", "".join(tiny(json.dumps(n)) for n in names))
     out = tmp_path / "o"
-    assert stress.main_stress(_args([f], out=out, json=tmp_path / "r.json")) == 0
+    assert stress.main_stress(stress_args([f], out=out, json=tmp_path / "r.json")) == 0
     dirs = _run_dirs(out)
     assert len(dirs) == 2 and all(d.parent == out / "s" for d in dirs), dirs
     doc = json.loads((tmp_path / "r.json").read_text())
@@ -166,7 +159,7 @@ def test_dot_and_slash_names_stay_inside_their_file_directory(tmp_path, name):
 @pytest.mark.parametrize("name", ["a\u0001b", "a\tb", "line\nbreak", "a\u2028b", "", "  ", "bell\u0007"])
 def test_a_name_with_control_characters_or_blank_is_refused_at_its_line(tmp_path, capsys, name):
     f = _write(tmp_path / "s.toml", "# scenarios\n" + tiny(json.dumps(name)))
-    assert stress.main_stress(_args([f])) == 2
+    assert stress.main_stress(stress_args([f])) == 2
     err = _one_line_error(capsys)
     assert f"{f}:3:" in err and "name" in err
 
@@ -188,7 +181,7 @@ def test_same_file_name_in_two_folders_runs_both_with_distinct_names(tmp_path, c
     scenarios = stress.load_scenarios([a, b])
     assert [s.id for s in scenarios] == ["team1/ci::x", "team2/ci::x"]
     out = tmp_path / "o"
-    assert stress.main_stress(_args([a, b], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json")) == 0
+    assert stress.main_stress(stress_args([a, b], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json")) == 0
     assert len(_run_dirs(out)) == 2
     table = capsys.readouterr().out
     assert "team1/ci::x" in table and "team2/ci::x" in table
@@ -197,7 +190,7 @@ def test_same_file_name_in_two_folders_runs_both_with_distinct_names(tmp_path, c
     assert sorted(s["id"] for s in json.loads((tmp_path / "r.json").read_text())["scenarios"]) == [
         "team1/ci::x", "team2/ci::x"]
     # --only takes a qualified name as well as a bare one
-    assert stress.main_stress(_args([a, b], only="team2/ci::x", json=tmp_path / "r.json")) == 0
+    assert stress.main_stress(stress_args([a, b], only="team2/ci::x", json=tmp_path / "r.json")) == 0
     assert [s["id"] for s in json.loads((tmp_path / "r.json").read_text())["scenarios"]] == ["team2/ci::x"]
 
 
@@ -211,14 +204,14 @@ def test_the_same_file_given_twice_is_refused(tmp_path, capsys):
     f = _write(tmp_path / "d" / "s.toml", tiny("x"))
     (tmp_path / "link.toml").symlink_to(f)
     for second in (tmp_path / "d" / ".." / "d" / "s.toml", tmp_path / "link.toml"):
-        assert stress.main_stress(_args([f, second])) == 2
+        assert stress.main_stress(stress_args([f, second])) == 2
         assert "given twice" in _one_line_error(capsys)
 
 
 def test_two_files_that_cannot_be_told_apart_are_refused_naming_both(tmp_path, capsys):
     a = _write(tmp_path / "ci.toml", tiny("x"))
     b = _write(tmp_path / "ci.TOML", tiny("x"))
-    assert stress.main_stress(_args([a, b])) == 2
+    assert stress.main_stress(stress_args([a, b])) == 2
     err = _one_line_error(capsys)
     assert str(a) in err and str(b) in err
 
@@ -226,7 +219,7 @@ def test_two_files_that_cannot_be_told_apart_are_refused_naming_both(tmp_path, c
 def test_a_run_directory_that_would_hold_another_scenarios_plot_is_refused(tmp_path, capsys):
     # a broken budget on 'y' plots s/y-orthonormality.png: the scenario so named would share that path
     f = _write(tmp_path / "s.toml", tiny("y") + tiny('"y-orthonormality.png"'))
-    assert stress.main_stress(_args([f], out=tmp_path / "o")) == 2
+    assert stress.main_stress(stress_args([f], out=tmp_path / "o")) == 2
     err = _one_line_error(capsys)
     assert "'s::y'" in err and "y-orthonormality.png" in err
     assert not _run_dirs(tmp_path / "o")
@@ -235,7 +228,7 @@ def test_a_run_directory_that_would_hold_another_scenarios_plot_is_refused(tmp_p
 def test_a_broken_budget_is_plotted_beside_its_run(tmp_path):
     f = _write(tmp_path / "s.toml", tiny("a").replace("orthonormality = 1.0", "orthonormality = 1e-30"))
     out = tmp_path / "o"
-    assert stress.main_stress(_args([f], out=out)) == 1
+    assert stress.main_stress(stress_args([f], out=out)) == 1
     assert (out / "s" / "a-orthonormality.png").stat().st_size > 1000
 
 
@@ -259,7 +252,7 @@ def test_outputs_that_clash_or_cannot_be_created_are_refused_before_any_run(tmp_
     (tmp_path / "x").mkdir()
     kw = make(tmp_path)
     kw.setdefault("out", tmp_path / "o")
-    assert stress.main_stress(_args([f], **kw)) == 2
+    assert stress.main_stress(stress_args([f], **kw)) == 2
     _one_line_error(capsys)
     assert not _run_dirs(tmp_path)
     assert (tmp_path / "s.toml").read_text() == tiny("a")
@@ -269,7 +262,7 @@ def test_distinct_outputs_beside_the_runs_are_accepted(tmp_path):
     f = _write(tmp_path / "s.toml", tiny("a"))
     out = tmp_path / "o"
     out.mkdir()
-    assert stress.main_stress(_args([f], out=out, json=out / "r.json", junit=out / "r.xml")) == 0
+    assert stress.main_stress(stress_args([f], out=out, json=out / "r.json", junit=out / "r.xml")) == 0
     assert json.loads((out / "r.json").read_text())["held"] is True
     ET.parse(out / "r.xml")
 
@@ -288,7 +281,7 @@ def test_outputs_through_a_link_keep_the_link_and_a_fifo_is_written_in_place(tmp
     got = {}
     reader = threading.Thread(target=lambda: got.setdefault("xml", fifo.read_bytes()))
     reader.start()
-    assert stress.main_stress(_args([f], json=link, junit=fifo)) == 0
+    assert stress.main_stress(stress_args([f], json=link, junit=fifo)) == 0
     reader.join(10)
     assert link.is_symlink() and json.loads(target.read_text())["held"] is True
     assert fifo.exists() and not fifo.is_file()  # still a FIFO
