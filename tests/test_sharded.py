@@ -187,7 +187,9 @@ def _metrics_case(world, V):
     return {"orth": (orthonormality(Zl, group), single.orthonormality_loss(Z.numpy())),
             "drift": (pinv_drift(El, Zl @ T, group), single.pinv_drift(E.numpy(), (Z @ T).numpy())),
             "dist": (relative_distance(El, Zl, group), float(torch.linalg.norm(E - Z) / torch.linalg.norm(Z))),
-            "gathered": bool(torch.equal(assemble_rows(Zl, group), Z))}
+            "gathered": bool(torch.equal(assemble_rows(Zl, group), Z)),
+            # a relative move of 2^-20 in float32 is 16 units of u = 2^-24 (not 8 units of eps = 2^-23)
+            "dist_u": shard_distance(Zl.float() * (1 + 2.0**-20), Zl.float(), group=group)}
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -197,6 +199,7 @@ def test_sharded_metrics_equal_single_process_metrics(pool, world):
         sharded, single = r[key]
         assert sharded == pytest.approx(single, rel=1e-12), key
     assert r["gathered"]
+    assert r["dist_u"] == pytest.approx(16.0, rel=1e-3)
 
 
 def _spread_case(world, perturb_rank):
