@@ -442,7 +442,7 @@ class Kick(importlib.abc.MetaPathFinder):
             {kick}
         return None
 sys.meta_path.insert(0, Kick())
-from pitcheck.cli import _import_torch_holding_ctrl_c
+from pitcheck.cli.common import import_torch_holding_ctrl_c as _import_torch_holding_ctrl_c
 try:
     _import_torch_holding_ctrl_c()
 except KeyboardInterrupt:

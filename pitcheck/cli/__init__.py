@@ -1,0 +1,76 @@
+"""Command line: a thin layer over pitcheck's Python API, one module per verb.
+
+Each verb module has `add_parser(subparsers)`, `main(args) -> int` and `NEEDS_TORCH`. The library
+raises PitcheckError; only this layer prints and chooses exit statuses. Bad input ends in a one-line error
+and exit status 2; a run whose state breaks down, in a message and exit status 1; Ctrl-C, at any moment, in
+a one-line message (exit 130, or 2 with the checkpoint saved). Only the standard library is imported at the
+top: Ctrl-C while numpy, scipy or torch load is still inside main's handler.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..errors import PitcheckError
+from .common import import_torch_holding_ctrl_c
+
+# verb -> its module under pitcheck/cli (imported when the parser is built)
+VERBS = ("run", "compare", "plot", "validate", "stress", "bench", "heads")
+
+
+def package_version() -> str:
+    """The installed distribution's version; pitcheck.__version__ when run from a tree not installed."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    try:
+        return metadata.version("pitcheck")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+def _verb_module(verb: str):
+    return importlib.import_module(f"{__name__}.{verb}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pitcheck", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for verb in VERBS:
+        _verb_module(verb).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("pitcheck: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    from ..trajectory import RunBreakdown
+
+    args = build_parser().parse_args(argv)
+    verb = _verb_module(args.command)
+    if verb.NEEDS_TORCH:
+        import_torch_holding_ctrl_c()
+    try:
+        return verb.main(args)
+    except RunBreakdown as exc:
+        print(f"pitcheck: breakdown: {exc}", file=sys.stderr)
+        return 1
+    except PitcheckError as exc:
+        print(f"pitcheck: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("pitcheck: error: out of memory; choose a smaller --vocab or --dim", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # the edges turn the expected ones into PitcheckError; this keeps any other to one line too
+        print(f"pitcheck: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", file=sys.stderr)
+        return 2

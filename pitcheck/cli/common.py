@@ -1,0 +1,132 @@
+"""What several verbs' command lines share: the trajectory options, the lm source's options, a RunConfig
+from parsed arguments, and importing torch with Ctrl-C held."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields, replace
+
+from ..errors import PitcheckError
+
+
+def add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int) -> None:
+    from ..engine import OPTIMIZERS
+    from ..gradients import GRADIENT_MODELS
+    from ..trajectory import RunConfig as DEFAULTS  # the dataclass's defaults, as class attributes
+
+    p.add_argument("--adversary", default=DEFAULTS.adversary,
+                   help=f"comma-separated gradient models, summed: {', '.join(GRADIENT_MODELS)}")
+    p.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=OPTIMIZERS)
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    p.add_argument("--steps", type=int, default=steps)
+    # None: the teacher's shape when there is one, else the command's default (filled in by _config)
+    p.add_argument("--vocab", type=int, default=None, help=f"V (default {vocab}, or the teacher's rows)")
+    p.add_argument("--dim", type=int, default=None, help=f"D (default {dim}, or the teacher's columns)")
+    p.set_defaults(default_shape=(vocab, dim))
+    p.add_argument("--teacher", default="", metavar="FILE.npy|FILE.safetensors:TENSOR",
+                   help="start Z at the polar factor of this V x D teacher embedding instead of at random")
+    p.add_argument("--cond", type=float, default=DEFAULTS.cond, help="condition number of the initial T")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--device", default=DEFAULTS.device, help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--reproject-every", type=int, default=0, metavar="K",
+                   help="re-project Z onto the manifold (polar) every K steps")
+    p.add_argument("--reproject-threshold", type=float, default=0.0, metavar="TOL",
+                   help="re-project when ||Z^T Z - I||_F exceeds TOL")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true",
+                   help="replace the run(s) already in --out instead of refusing (the start of a new run)")
+
+
+def add_lm_options(p: argparse.ArgumentParser) -> None:
+    """Options of the lm gradient source (and --input-scale, which sparse_input takes too)."""
+    from ..lm import LMParams as LM
+
+    p.add_argument("--input-scale", type=float, default=None, metavar="S",
+                   help="scale of input-side (embedding) gradients against output-side ones (default 1)")
+    g = p.add_argument_group("lm source (--adversary lm: a small causal LM on CPython's documentation text)")
+    g.add_argument("--lm-seq-len", type=int, default=None, help=f"tokens of context (default {LM.seq_len})")
+    g.add_argument("--lm-sequences", type=int, default=None, help=f"sequences per batch (default {LM.sequences})")
+    g.add_argument("--lm-layers", type=int, default=None, help=f"transformer blocks (default {LM.layers})")
+    g.add_argument("--lm-lr", type=float, default=None, help=f"Adam learning rate of the body (default {LM.body_lr})")
+    g.add_argument("--lm-eval-sequences", type=int, default=None,
+                   help=f"sequences each recorded loss averages (default {LM.eval_sequences})")
+    g.add_argument("--lm-vocabulary", default=None, metavar="bpe|wordpiece:VOCAB.txt",
+                   help="bpe (learned from the text, the default) or a pretrained model's WordPiece vocab.txt, "
+                   "cut to --vocab tokens (that model's embedding table is then a --teacher)")
+
+
+def lm_overrides(args) -> dict:
+    """RunConfig fields set by the lm options, refusing lm options without the lm source."""
+    from ..gradients import AdversaryParams
+    from ..lm import LMParams, uses_lm
+
+    given = {field: getattr(args, opt) for opt, field in (
+        ("lm_seq_len", "seq_len"), ("lm_sequences", "sequences"), ("lm_layers", "layers"), ("lm_lr", "body_lr"),
+        ("lm_eval_sequences", "eval_sequences"), ("lm_vocabulary", "vocabulary")) if getattr(args, opt, None) is not None}
+    over = {}
+    if given:
+        if not uses_lm(args.adversary):
+            raise PitcheckError(f"--lm-* options apply to --adversary lm, not {args.adversary!r}")
+        over["lm"] = replace(LMParams(), **given)
+    if getattr(args, "input_scale", None) is not None:
+        over["adversary_params"] = replace(AdversaryParams(), input_scale=args.input_scale)
+    return over
+
+
+def run_config(args, **over):
+    from ..trajectory import RunConfig, teacher_shape
+
+    if getattr(args, "resume", False) and args.force:
+        raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
+    if getattr(args, "head", "pit") != "pit" and args.retraction is not None:
+        raise PitcheckError(f"--head {args.head} has no retraction: --retraction applies to --head pit only")
+    names = {f.name for f in fields(RunConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    # V and D follow the teacher unless given explicitly (then they must match it)
+    shape = teacher_shape(args.teacher) if args.teacher else args.default_shape
+    values["vocab"] = shape[0] if args.vocab is None else args.vocab
+    values["dim"] = shape[1] if args.dim is None else args.dim
+    return replace(RunConfig(), **values, **over)
+
+
+def import_torch_holding_ctrl_c() -> None:
+    """Import torch with Ctrl-C held, then take any Ctrl-C that came meanwhile as KeyboardInterrupt.
+
+    A KeyboardInterrupt raised while torch's C++ start-up is calling back into Python cannot unwind
+    through it: the process aborts ('terminate called after throwing an instance of
+    pybind11::error_already_set', SIGABRT) or a bare except inside the import swallows it. Blocking
+    SIGINT in this thread is not enough (a thread the import starts may take the signal, and Python then
+    runs the handler here, mid-import), so the handler itself only records the signal until the import is done.
+    """
+    import signal
+    import threading
+
+    if "torch" in sys.modules or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN or previous is None or not hasattr(signal, "pthread_sigmask"):
+        # Ctrl-C ignored (a background job), a handler set outside Python, or no POSIX signal masks
+        import_torch()
+        return
+    pending: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            import_torch()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a held signal is recorded now
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:  # now delivered as the previous handler would have taken it
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        else:
+            signal.raise_signal(signal.SIGINT)
+
+
+def import_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # pragma: no cover - a dependency; its absence is reported where it is used
+        pass

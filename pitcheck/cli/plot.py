@@ -1,0 +1,21 @@
+"""`pitcheck plot`: metrics of run directories against step, in one figure."""
+from __future__ import annotations
+
+import argparse
+
+NEEDS_TORCH = False
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    g = sub.add_parser("plot", help="plot metrics of run directories against step")
+    g.add_argument("runs", nargs="+")
+    g.add_argument("--metrics", default="orthonormality,pinv_drift,trisolve_forward")
+    g.add_argument("--out", required=True, help="figure file: .png, .svg or .pdf (no suffix: PNG)")
+    return g
+
+
+def main(args) -> int:
+    from ..report import plot_runs
+
+    print(plot_runs(args.runs, args.out, args.metrics.split(",")))
+    return 0

@@ -1,0 +1,44 @@
+"""`pitcheck run`: one trajectory into a run directory."""
+from __future__ import annotations
+
+import argparse
+
+from .common import add_lm_options, add_run_options, lm_overrides, run_config
+
+NEEDS_TORCH = True
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from ..policy import POLICIES
+    from ..retractions import RETRACTIONS
+    from ..trajectory import RunConfig as DEFAULTS
+
+    p = sub.add_parser("run", help="simulate one trajectory and write a run directory")
+    p.add_argument("--backend", default="numpy", choices=["numpy", "torch"])
+    p.add_argument("--precision", default="fp64", choices=list(POLICIES))
+    # None: not given (the default, qr, for --head pit; the baselines refuse an explicit one)
+    p.add_argument("--retraction", default=None, help=", ".join(RETRACTIONS) + " (default qr)")
+    add_run_options(p, DEFAULTS.steps, DEFAULTS.vocab, DEFAULTS.dim)
+    p.add_argument("--head", default="pit", choices=["pit", "tied", "untied"],
+                   help="PIT, or the baselines: standard tying (W = E^T) or two untied tables")
+    p.add_argument("--no-shadow", action="store_true", help="torch backend: skip the float64 shadow")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    add_lm_options(p)
+    return p
+
+
+def main(args) -> int:
+    from ..trajectory import run, skipped_steps
+
+    progress = False if args.no_progress else None  # None: a bar only on a terminal
+    cfg = run_config(args, shadow=not args.no_shadow, **lm_overrides(args))
+    rows = run(cfg, args.out, resume=args.resume, progress=progress, force=args.force)
+    last = rows[-1]
+    losses = "".join(f"{k} {last[k]:.4f}  " for k in ("train_loss", "heldout_loss") if k in last)
+    skipped = skipped_steps(args.out)
+    skips = f"{sum(skipped.values())} of {last['step']} steps skipped (events.jsonl)  " if skipped else ""
+    print(f"step {last['step']}: orthonormality {last['orthonormality']:.3e}  "
+          f"pinv_drift {last['pinv_drift']:.3e}  cond_T {last['cond_T']:.3e}  "
+          f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  {losses}{skips}-> {args.out}")
+    return 0

@@ -1,0 +1,40 @@
+"""`pitcheck validate`: judge a third-party PIT implementation (module:factory) against the reference."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+NEEDS_TORCH = True
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from ..validate import CHECKS, api
+
+    v = sub.add_parser("validate", help="judge a third-party PIT implementation (module:factory) against the reference")
+    v.add_argument("target", help="module:factory or path/to/file.py:factory")
+    v.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16", "float16"])
+    v.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    v.add_argument("--vocab", type=int, default=api.DEFAULT_VOCAB)
+    v.add_argument("--dim", type=int, default=api.DEFAULT_DIM)
+    v.add_argument("--steps", type=int, default=api.DEFAULT_STEPS, help="trajectory steps")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--checks", default="all", help=f"comma-separated subset of: {', '.join(CHECKS)}")
+    v.add_argument("--timeout", type=float, default=api.DEFAULT_TIMEOUT, help="seconds for the target's process")
+    v.add_argument("--json", default=None, metavar="FILE")
+    v.add_argument("--report", default=None, metavar="FILE.md")
+    v.add_argument("--junit", default=None, metavar="FILE.xml")
+    return v
+
+
+def main(args) -> int:
+    from ..validate import validate
+    from ..validate.result import check_outputs
+
+    check_outputs(args.json, args.report, args.junit)
+    result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
+                      steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout)
+    # the verdict is printed first: an output that still cannot be written loses nothing else
+    print(result.table())
+    print(result.summary(), file=sys.stderr if result.fatal else sys.stdout)
+    result.write(args.json, args.report, args.junit)
+    return result.exit_status
