@@ -1,43 +1,6 @@
 """Cost of keeping Z on the manifold, as ratios to the GEMM floor measured in the same run."""
 from __future__ import annotations
 
-import ctypes
-
-
-def pin_threads(n: int = 1) -> list[str]:
-    """Pin torch and every loaded OpenBLAS (numpy's and scipy's) to n threads; what was pinned."""
-    done = []
-    try:
-        import torch
-
-        torch.set_num_threads(n)
-        done.append("torch")
-    except Exception:  # pragma: no cover - torch is a dependency
-        pass
-    import numpy  # noqa: F401  (load the BLAS libraries before looking for them)
-    import scipy.linalg  # noqa: F401
-
-    try:
-        with open("/proc/self/maps") as f:
-            libs = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line})
-    except OSError:
-        libs = []
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(ctypes.c_int(n))
-                done.append(path.rsplit("/", 1)[-1])
-                break
-    return done
-
-
-# ---------------------------------------------------------------------------------------------------
 import argparse
 import json
 import math
@@ -50,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PitcheckError
+from .threads import pin_threads
 
 QUICK_SHAPES = [(2048, 32), (16384, 64), (8192, 128), (65536, 32)]
 FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
@@ -443,7 +407,7 @@ def report(doc: dict) -> str:
 def plot(doc: dict, path: Path) -> Path:
     """Left: time against V D^2 (an O(V D^2) method is a line of slope 1); right: ratio to the GEMM
     floor at each shape. Retractions solid, peers dashed, the floor thick."""
-    from .report import _pyplot, _save_figure
+    from .plotting import pyplot as _pyplot, save_figure as _save_figure
 
     plt = _pyplot()
     res = [r for r in doc["results"] if r["kind"] in ("retraction", "gemm", "peer")]

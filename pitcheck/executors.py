@@ -14,35 +14,9 @@ import os
 from typing import Callable
 
 from .errors import PitcheckError
+from .threads import THREAD_VARIABLES, available_cores, pin_threads, thread_env
 
 EXECUTORS = ("local", "ray")
-# the variables the BLAS libraries and OpenMP read when they load
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-                    "NUMEXPR_NUM_THREADS")
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def thread_env(threads: int) -> dict[str, str]:
-    return {name: str(threads) for name in THREAD_VARIABLES}
-
-
-def pin_threads(threads: int = 1) -> None:
-    """Set this process's thread pools to `threads`: the environment (for libraries not yet loaded) and
-    torch's pools. Called first in every worker."""
-    os.environ.update(thread_env(threads))
-    import torch
-
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set, or parallel work has started: harmless
-        pass
 
 
 # the sweep process that started this pool worker (None outside a local pool)

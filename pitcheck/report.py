@@ -1,100 +1,12 @@
-"""Plots: metrics against step for run directories (`pitcheck plot`) and for a sweep's cells (`compare`)."""
+"""The figures of a sweep's report (`pitcheck compare`): growth, retractions and cost."""
 from __future__ import annotations
 
-import io
+import itertools
+import math
 from pathlib import Path
 
-import numpy as np
-
-from .errors import PitcheckError
-from .rundir import check_out_file, write_atomic
-from .trajectory import METRIC_COLUMNS, read_metrics
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _draw(ax, rows: list[dict], metric: str, label: str) -> None:
-    """One metric against step on log-log axes; step 0 is drawn at 1, zeros at 1e-17; all-NaN skipped."""
-    vals = np.array([r[metric] for r in rows])
-    if np.isnan(vals).all():  # e.g. no shadow for the float64 reference itself
-        return
-    steps = np.array([max(r["step"], 1) for r in rows])
-    ax.loglog(steps, np.maximum(vals, 1e-17), marker=".", label=label)
-
-
-# plot --out's format follows its suffix; a path without one (/dev/null, /dev/stdout) gets a PNG
-FIGURE_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
-# no timestamps in the files: the same plot, the same bytes
-FIGURE_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
-
-
-def figure_format(path: Path | str, option: str = "--out") -> str:
-    """The format a figure's file name asks for (png, svg or pdf, from its suffix); any other is refused."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in FIGURE_FORMATS:
-        raise PitcheckError(f"{option} {path}: cannot draw a {suffix} file; name a .png, .svg or .pdf file")
-    return FIGURE_FORMATS[suffix]
-
-
-def _save_figure(plt, fig, path: Path) -> Path:
-    fmt = figure_format(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=110, format=fmt, metadata=FIGURE_METADATA[fmt])
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
-    return path
-
-
-def check_png_path(path: Path | str) -> Path:
-    """A figure file we can write (rundir.check_out_file), of a format we draw (figure_format)."""
-    path = check_out_file(path, "--out")
-    figure_format(path)
-    return path
-
-
-def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str]) -> Path:
-    """Any metrics of any runs against step, one panel per metric, a line per run; a PNG, SVG or PDF file
-    as out_png's suffix says."""
-    out_png = check_png_path(out_png)
-    unknown = [m for m in metrics if m not in METRIC_COLUMNS[1:]]
-    if not metrics or unknown:
-        raise PitcheckError(f"unknown metric {', '.join(unknown) or '(none given)'}; "
-                            f"choose from {', '.join(METRIC_COLUMNS[1:])}")
-    runs = []
-    for d in run_dirs:
-        path = Path(d) / "metrics.csv"
-        if not path.is_file():
-            raise PitcheckError(f"{d} is not a run directory (no metrics.csv)")
-        rows = read_metrics(path)
-        missing = [m for m in metrics if m not in (rows[0] if rows else {})]
-        if not rows or missing:
-            raise PitcheckError(f"{path} has {'no rows' if not rows else 'no column ' + ', '.join(missing)}")
-        runs.append((Path(d).name, rows))
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
-    for name, rows in runs:
-        for ax, metric in zip(axes[0], metrics):
-            _draw(ax, rows, metric, name)
-            ax.set_title(metric)
-            ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    return _save_figure(plt, fig, Path(out_png))
-
-
-# ---- plots of a sweep (pitcheck compare) ---------------------------------------------------------------
-# The sweep (sweep.py) computes and judges; the figures of its report are drawn here, with the other plots.
-import itertools  # noqa: E402
-import math  # noqa: E402
-
-from .sweep import Grid, Cell, cell_dir, cells, judge, parse_shape  # noqa: E402
+from .plotting import pyplot, save_png_and_svg
+from .sweep import Grid, Cell, cell_dir, cells, judge, parse_shape  # noqa: E402  (a cycle issue 15 removes)
 
 PRECISION_COLOURS = {"fp64": "#1f77b4", "fp32": "#2ca02c", "tf32": "#17becf", "bf16": "#d62728",
                      "bf16-mixed": "#ff7f0e", "fp16": "#9467bd", "fp16-mixed": "#8c564b"}
@@ -119,20 +31,6 @@ def curves(out: Path, all_cells: list[Cell]) -> dict:
         vals = np.array([[x["orthonormality"] for x in r[:n]] for r in runs])
         result[group] = (steps, np.median(vals, 0), vals.min(0), vals.max(0))
     return result
-
-
-def _save(plt, fig, out: Path, stem: str) -> list[str]:
-    from .rundir import write_atomic
-
-    names = []
-    for ext in ("png", "svg"):
-        buf = io.BytesIO()
-        meta = {"Date": None} if ext == "svg" else {"Software": None}
-        fig.savefig(buf, format=ext, dpi=110, metadata=meta)
-        write_atomic(out / f"{stem}.{ext}", buf.getvalue())
-        names.append(f"{stem}.{ext}")
-    plt.close(fig)
-    return names
 
 
 def _panels(plt, n: int, width: float, height: float, sharey: bool):
@@ -205,7 +103,7 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
                  "fitted growth k^slope ± its standard error (steps sqrt(N)..N)\n" + fixed_note,
                  fontsize=9)
     fig.tight_layout()
-    names += _save(plt, fig, out, "growth")
+    names += save_png_and_svg(plt, fig, out, "growth")
 
     # 2. retractions per precision: one panel per precision (rows: adversaries)
     pairs = list(itertools.product(adversaries, precisions))
@@ -229,7 +127,7 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     axs[0].legend(fontsize=7)
     fig.suptitle("Retractions per precision\n" + fixed_note, fontsize=9)
     fig.tight_layout()
-    names += _save(plt, fig, out, "retractions")
+    names += save_png_and_svg(plt, fig, out, "retractions")
 
     # 3. cost against accuracy: every pit row, colour = precision, marker = retraction
     CLIP = 1e6  # a diverged cell is drawn at the top edge
@@ -258,5 +156,5 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     ax.set_title(f"Cost against accuracy (every row; {grid.steps} steps)", fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
-    names += _save(plt, fig, out, "cost")
+    names += save_png_and_svg(plt, fig, out, "cost")
     return [n for n in names if n.endswith(".png")]

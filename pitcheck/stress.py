@@ -587,7 +587,7 @@ def run_scenarios(scenarios: list[Scenario], out: Path | str, echo=None, threads
 
     torch and numpy's BLAS are pinned to `threads` first: an unpinned BLAS on a loaded CI machine
     oversubscribes the cores and made small runs 30x slower here."""
-    from .bench import pin_threads
+    from .threads import pin_threads
 
     dirs = layout(scenarios)
     pin_threads(threads)
@@ -708,7 +708,7 @@ def to_json(results: list[ScenarioResult]) -> dict:
 
 def plot_broken(result: ScenarioResult) -> list[Path]:
     """A PNG per broken metric: its trajectory against its budget, beside the run (<run dir>-<metric>.png)."""
-    from .report import _draw, _pyplot, _save_figure
+    from .plotting import draw_metric as _draw, pyplot as _pyplot, save_figure as _save_figure
     from .trajectory import read_metrics
 
     broken = [c for c in result.checks if not c.held and c.check.kind in ("max", "floor", "growth", "growth_floor")]

@@ -28,6 +28,7 @@ from . import __version__
 from . import lm
 from .engine import Engine, StateBreakdown, StepSettings
 from .errors import PitcheckError
+from .threads import limited_threads
 from .events import THRESHOLDS, raised_by, row_events
 from .gradients import AdversaryParams, check_adversary_params, parse_adversary
 from .heads import HEADS, PIT_ONLY, TableEngine
@@ -758,31 +759,13 @@ class Trajectory:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
         try:
-            if self.engine.source:
-                # the lm source's torch work sits between numpy's solves and QRs at every step: both get
-                # one thread (measured 50x faster numpy QR on 2 cores), on either backend
-                import torch
-
-                from .lm.threads import single_blas_thread
-
-                threads = torch.get_num_threads()
-                torch.set_num_threads(1)
-                try:
-                    with single_blas_thread():
-                        return self._run()
-                finally:
-                    torch.set_num_threads(threads)
-            if self.engine.backend == "torch" and self.engine.device == "cpu":
+            if self.engine.source or (self.engine.backend == "torch" and self.engine.device == "cpu"):
                 # torch's and OpenBLAS's thread pools spin against each other on shared cores (measured 3x
-                # slower on 2 cores with the numpy shadow), so torch gets one thread for the run
-                import torch
-
-                threads = torch.get_num_threads()
-                torch.set_num_threads(1)
-                try:
+                # slower on 2 cores with the numpy shadow): torch gets one thread for the run; with the lm
+                # source, whose torch work sits between numpy's solves and QRs at every step, the BLAS
+                # too (measured 50x faster numpy QR on 2 cores)
+                with limited_threads(1, blas=bool(self.engine.source)):
                     return self._run()
-                finally:
-                    torch.set_num_threads(threads)
             return self._run()
         finally:
             self.store.close()

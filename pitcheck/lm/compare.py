@@ -150,7 +150,7 @@ def plot_heads(out: Path, table: list[dict]) -> list[str]:
     largest value: an adversary that drives cond(T) to 1e34 would flatten every other curve."""
     import math
 
-    from ..report import _pyplot, _save
+    from ..plotting import pyplot as _pyplot, save_png_and_svg as _save
 
     plt = _pyplot()
     precisions = list(dict.fromkeys(r["precision"] for r in table))

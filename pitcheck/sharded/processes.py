@@ -23,6 +23,7 @@ import traceback
 from multiprocessing.connection import wait as wait_for
 
 from ..errors import PitcheckError
+from ..threads import set_torch_threads
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -76,7 +77,7 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, timeout_s:
     import torch.distributed as dist
 
     if threads:
-        torch.set_num_threads(threads)  # n ranks on a few cores: one thread each, no oversubscription
+        set_torch_threads(threads)  # n ranks on a few cores: one thread each, no oversubscription
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())

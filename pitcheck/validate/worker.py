@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from . import probes
+from ..threads import set_torch_threads
 from .target import build, load_factory, resolve_device
 
 PROBES = {
@@ -46,7 +47,7 @@ def collect(factory, request: dict, out: Path, log) -> None:
     if request["device"] != "cuda":
         # torch's thread pool spins against numpy's and other processes' on shared cores; one thread
         # keeps a validation's time predictable (the target's numbers do not depend on it)
-        torch.set_num_threads(1)
+        set_torch_threads(1)
     device = resolve_device(request["device"])
     V, D, dtype, seed = request["vocab"], request["dim"], request["dtype"], request["seed"]
 
