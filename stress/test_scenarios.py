@@ -1,23 +1,22 @@
 """pitcheck's own drift stress suite (stress/*.toml), run through the same code as `pitcheck stress`."""
 import pytest
 
-from pitcheck import stress
+from pitcheck.scenarios import cuda_available, load_scenarios, run_scenario
+from pitcheck.threads import pin_threads
 
-SCENARIOS = stress.load_scenarios()
+SCENARIOS = load_scenarios()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _pinned():
-    from pitcheck.bench import pin_threads
-
     pin_threads(1)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.id)
 def test_scenario(scenario, tmp_path):
-    if scenario.requires == "cuda" and not stress.cuda_available():
+    if scenario.requires == "cuda" and not cuda_available():
         pytest.skip("needs CUDA")
-    result = stress.run_scenario(scenario, tmp_path / "run")
+    result = run_scenario(scenario, tmp_path / "run")
     broken = [c.message for c in result.checks if not c.held] + result.errors
     assert not broken, f"{scenario.id}: {'; '.join(broken)} (budget from {scenario.source}: {scenario.why})"
 

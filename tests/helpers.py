@@ -43,10 +43,10 @@ def stress_args(files, **options):
     """`pitcheck stress FILES --option value ...` parsed by the verb's own parser (True: a bare flag)."""
     import argparse
 
-    from pitcheck import stress
+    from pitcheck.cli import stress
 
     parser = argparse.ArgumentParser()
-    stress.add_stress_parser(parser.add_subparsers(dest="command"))
+    stress.add_parser(parser.add_subparsers(dest="command"))
     argv = ["stress", *map(str, files)]
     for k, v in options.items():
         argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]

@@ -1,4 +1,4 @@
-"""pitcheck.stress: scenario files, budgets, exit codes, table, JSON and JUnit output."""
+"""pitcheck stress (pitcheck.scenarios, pitcheck.cli.stress): scenario files, budgets, exit codes, table, JSON and JUnit output."""
 import json
 import subprocess
 import sys
@@ -7,8 +7,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from pitcheck import stress
-from pitcheck.stress import Check, judge
+from pitcheck import scenarios
+from pitcheck.cli import stress as stress_cli
+from pitcheck.scenarios import Check, check_budget
 from tests.helpers import stress_args
 
 TINY = """
@@ -37,7 +38,7 @@ def _write(tmp_path, text, name="s.toml"):
 
 def test_held_budget_exits_0(tmp_path, capsys):
     f = _write(tmp_path, TINY.format(name="qr-held", retraction="qr", budget="1e-12"))
-    assert stress.main_stress(stress_args([f])) == 0
+    assert stress_cli.main(stress_args([f])) == 0
     out = capsys.readouterr().out
     assert "qr-held" in out and "orthonormality" in out and "held" in out and "headroom" in out
 
@@ -46,7 +47,7 @@ def test_broken_budget_exits_1_names_the_metric_and_plots_it(tmp_path, capsys):
     f = _write(tmp_path, TINY.format(name="none-drifts", retraction="none", budget="1e-10")
                + TINY.format(name="qr-holds", retraction="qr", budget="1e-12"))
     out = tmp_path / "out"
-    code = stress.main_stress(stress_args([f], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json"))
+    code = stress_cli.main(stress_args([f], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json"))
     assert code == 1
     cap = capsys.readouterr()
     assert "BROKEN s::none-drifts: orthonormality reached" in cap.err and "budget from theory" in cap.err
@@ -88,7 +89,7 @@ def test_broken_budget_exits_1_names_the_metric_and_plots_it(tmp_path, capsys):
 ])
 def test_bad_input_exits_2_with_file_and_line(tmp_path, capsys, text, where, what):
     f = _write(tmp_path, text)
-    assert stress.main_stress(stress_args([f])) == 2
+    assert stress_cli.main(stress_args([f])) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err  # one line
     assert err.startswith(f"pitcheck stress: error: {f}{where}"), err
@@ -96,45 +97,45 @@ def test_bad_input_exits_2_with_file_and_line(tmp_path, capsys, text, where, wha
 
 
 def test_missing_file_and_bad_output_paths_exit_2(tmp_path, capsys):
-    assert stress.main_stress(stress_args([tmp_path / "nope.toml"])) == 2
+    assert stress_cli.main(stress_args([tmp_path / "nope.toml"])) == 2
     assert "nope.toml: no such file" in capsys.readouterr().err
     f = _write(tmp_path, TINY.format(name="a", retraction="qr", budget="1e-12"))
-    assert stress.main_stress(stress_args([f], junit=tmp_path)) == 2
+    assert stress_cli.main(stress_args([f], junit=tmp_path)) == 2
     assert "--junit" in capsys.readouterr().err
-    assert stress.main_stress(stress_args([f], only="b")) == 2
+    assert stress_cli.main(stress_args([f], only="b")) == 2
 
 
 def test_growth_judged_from_step_1():
     rising = [{"step": 0, "m": 1e-20}] + [{"step": s, "m": 1e-7 * s**0.5} for s in (1, 10, 100, 1000)]
-    assert abs(stress.growth_exponent(rising, "m") - 0.5) < 1e-12  # step 0 is ignored
-    assert judge(Check("m", "growth", 0.6), rising).held
-    assert not judge(Check("m", "growth", 0.4), rising).held
-    assert judge(Check("m", "growth_floor", 0.4), rising).held
-    assert not judge(Check("m", "growth_floor", 0.6), rising).held
-    assert not judge(Check("m", "growth", 1.0), rising[:2]).held  # too few points to fit: not a pass
+    assert abs(scenarios.growth_exponent(rising, "m") - 0.5) < 1e-12  # step 0 is ignored
+    assert check_budget(Check("m", "growth", 0.6), rising).held
+    assert not check_budget(Check("m", "growth", 0.4), rising).held
+    assert check_budget(Check("m", "growth_floor", 0.4), rising).held
+    assert not check_budget(Check("m", "growth_floor", 0.6), rising).held
+    assert not check_budget(Check("m", "growth", 1.0), rising[:2]).held  # too few points to fit: not a pass
 
 
 def test_ceiling_reports_worst_value_and_step_and_nan_breaks_it():
     rows = [{"step": 0, "m": 1e-9}, {"step": 5, "m": 3e-7}, {"step": 9, "m": 2e-7}]
-    r = judge(Check("m", "max", 1e-6), rows)
+    r = check_budget(Check("m", "max", 1e-6), rows)
     assert r.held and r.value == 3e-7 and r.step == 5 and r.headroom == "3.33x"
-    r = judge(Check("m", "max", 1e-7), rows)
+    r = check_budget(Check("m", "max", 1e-7), rows)
     assert not r.held and "3.000e-07 at step 5" in r.message
-    r = judge(Check("m", "max", 1.0), rows + [{"step": 10, "m": float("nan")}])
+    r = check_budget(Check("m", "max", 1.0), rows + [{"step": 10, "m": float("nan")}])
     assert not r.held and "NaN at step 10" in r.message
-    assert not judge(Check("m", "floor", 1e-6), rows).held and judge(Check("m", "floor", 1e-7), rows).held
+    assert not check_budget(Check("m", "floor", 1e-6), rows).held and check_budget(Check("m", "floor", 1e-7), rows).held
 
 
 def test_cuda_scenario_is_skipped_without_a_gpu(tmp_path, monkeypatch):
-    monkeypatch.setattr(stress, "cuda_available", lambda: False)
+    monkeypatch.setattr(scenarios.runner, "cuda_available", lambda: False)
     text = TINY.format(name="gpu", retraction="qr", budget="1e-12").replace('backend = "numpy"', 'backend = "torch"')
     text = text.replace('precision = "fp64"', 'precision = "fp32"\ndevice = "cuda"')
     f = _write(tmp_path, text)
-    [s] = stress.load_scenarios([f])
+    [s] = scenarios.load_scenarios([f])
     assert s.requires == "cuda"
-    [r] = stress.run_scenarios([s], tmp_path / "o")
-    assert r.skipped and "skipped" in stress.table([r])
-    root = ET.fromstring(stress.junit_xml([r]))
+    [r] = scenarios.run_scenarios([s], tmp_path / "o")
+    assert r.skipped and "skipped" in scenarios.table([r])
+    root = ET.fromstring(scenarios.junit_bytes([r]))
     assert root.get("skipped") == "1" and root.get("failures") == "0"
 
 
@@ -142,19 +143,19 @@ def test_adversary_params_and_events(tmp_path):
     text = TINY.format(name="a", retraction="qr", budget="1e-12").replace(
         'why', 'adversary = "gaussian,nonfinite"\nrequire_events = ["nonfinite_gradient"]\nforbid_events = ["breakdown"]\nwhy')
     text += "[scenario.a.adversary_params]\nnonfinite_probability = 0.5\n"
-    [s] = stress.load_scenarios([_write(tmp_path, text)])
+    [s] = scenarios.load_scenarios([_write(tmp_path, text)])
     assert s.config.adversary_params.nonfinite_probability == 0.5
-    r = stress.run_scenario(s, tmp_path / "run")
+    r = scenarios.run_scenario(s, tmp_path / "run")
     assert r.held, (r.errors, [c.message for c in r.checks])
     s.require_events = ["reprojected"]
-    r = stress.run_scenario(s, tmp_path / "run")
+    r = scenarios.run_scenario(s, tmp_path / "run")
     assert not r.held and r.errors == ["no reprojected event was recorded"]
 
 
 def test_the_suite_loads_and_the_module_runs_as_a_command(tmp_path):
-    assert len(stress.load_scenarios()) >= 20
+    assert len(scenarios.load_scenarios()) >= 20
     f = _write(tmp_path, TINY.format(name="a", retraction="cholqr2", budget="1e-12"))
-    p = subprocess.run([sys.executable, "-m", "pitcheck.stress", str(f)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "pitcheck.cli", "stress", str(f)], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parent.parent, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "all 1 budgets held in 1 scenarios" in p.stderr
@@ -162,6 +163,6 @@ def test_the_suite_loads_and_the_module_runs_as_a_command(tmp_path):
 
 
 def test_list_shows_the_suite(capsys):
-    assert stress.main_stress(stress_args([], list=True)) == 0
+    assert stress_cli.main(stress_args([], list=True)) == 0
     out = capsys.readouterr().out
     assert "retractions::fp64-cholqr2  [theory]" in out and "(needs CUDA)" in out

@@ -6,8 +6,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from pitcheck import stress
-from pitcheck.stress import Check, CheckResult, Scenario, ScenarioResult, judge
+from pitcheck import scenarios
+from pitcheck.cli import stress as stress_cli
+from pitcheck.scenarios import BudgetResult, Check, Scenario, ScenarioResult, check_budget
 from tests.helpers import stress_args
 
 # a tiny run: numpy float64, V = 16, D = 4, 6 steps (recorded at 0..6), a budget every run holds
@@ -50,7 +51,7 @@ def _run_dirs(out: Path) -> list[Path]:
 
 def test_zero_steps_is_refused_at_the_steps_line(tmp_path, capsys):
     f = _write(tmp_path / "s.toml", tiny("a", steps=0))
-    assert stress.main_stress(stress_args([f], out=tmp_path / "o")) == 2
+    assert stress_cli.main(stress_args([f], out=tmp_path / "o")) == 2
     err = _one_line_error(capsys)
     assert f"{f}:6:" in err and "steps" in err
     assert not _run_dirs(tmp_path / "o")  # refused before anything ran
@@ -61,12 +62,12 @@ def test_initial_state_scenario_runs_no_step_and_says_so(tmp_path, capsys):
     text = tiny("start", steps=0).replace("steps = 0", "steps = 0\ninitial_state = true")
     text += "[scenario.start.floor]\northonormality = 1e-300\n"
     f = _write(tmp_path / "s.toml", text)
-    assert stress.main_stress(stress_args([f], json=tmp_path / "r.json")) == 0
+    assert stress_cli.main(stress_args([f], json=tmp_path / "r.json")) == 0
     err = capsys.readouterr().err
     assert "initial state only" in err and "1 judged at step 0 only" in err
     [doc] = json.loads((tmp_path / "r.json").read_text())["scenarios"]
     assert doc["initial_state"] is True and {c["step"] for c in doc["checks"]} == {0}
-    assert any(s.initial_state for s in stress.load_scenarios())
+    assert any(s.initial_state for s in scenarios.load_scenarios())
 
 
 @pytest.mark.parametrize("text, line, what", [
@@ -77,7 +78,7 @@ def test_initial_state_scenario_runs_no_step_and_says_so(tmp_path, capsys):
 ])
 def test_initial_state_misused_is_refused(tmp_path, capsys, text, line, what):
     f = _write(tmp_path / "s.toml", text)
-    assert stress.main_stress(stress_args([f])) == 2
+    assert stress_cli.main(stress_args([f])) == 2
     err = _one_line_error(capsys)
     assert f"{f}:{line}:" in err and what in err
 
@@ -87,35 +88,35 @@ def test_growth_budget_with_too_few_recorded_steps_is_refused(tmp_path, capsys, 
     # steps = 2 records steps 1 and 2 only: a line through two points always fits, whatever the growth
     text = tiny("a", steps=2) + f"[scenario.a.{kind}.growth]\northonormality = 0.5\n"
     f = _write(tmp_path / "s.toml", text)
-    assert stress.main_stress(stress_args([f])) == 2
+    assert stress_cli.main(stress_args([f])) == 2
     err = _one_line_error(capsys)
     assert f"{f}:12:" in err and "growth" in err and "orthonormality" in err
 
 
 def test_growth_with_three_recorded_steps_is_accepted(tmp_path):
     text = tiny("a", steps=3) + "[scenario.a.budget.growth]\northonormality = 5.0\n"
-    [s] = stress.load_scenarios([_write(tmp_path / "s.toml", text)])
+    [s] = scenarios.load_scenarios([_write(tmp_path / "s.toml", text)])
     assert [c.kind for c in s.checks] == ["max", "growth"]
 
 
 def test_growth_that_cannot_be_fitted_is_inconclusive_not_held_nor_broken():
     # the metric is exactly 0 from step 1: no exponent can be measured
     rows = [{"step": s, "m": 0.0 if s else 1e-16} for s in range(0, 8)]
-    r = judge(Check("m", "growth", 1.0), rows)
+    r = check_budget(Check("m", "growth", 1.0), rows)
     assert not r.held and r.inconclusive and r.status == "INCONCLUSIVE"
     # two positive values are still too few to show a power law
     rows = [{"step": 0, "m": 1e-16}, {"step": 1, "m": 1e-15}, {"step": 2, "m": 2e-15}, {"step": 3, "m": 0.0}]
-    assert judge(Check("m", "growth_floor", 0.1), rows).inconclusive
-    ok = judge(Check("m", "growth", 1.5), [{"step": s, "m": 1e-16 * s} for s in range(0, 5)])
+    assert check_budget(Check("m", "growth_floor", 0.1), rows).inconclusive
+    ok = check_budget(Check("m", "growth", 1.5), [{"step": s, "m": 1e-16 * s} for s in range(0, 5)])
     assert ok.held and not ok.inconclusive and ok.status == "held"
 
 
 def test_an_inconclusive_check_fails_the_scenario_and_says_so(tmp_path):
     s = Scenario("a", str(tmp_path / "s.toml"), None, [Check("m", "growth", 1.0)])
-    r = ScenarioResult(s, checks=[judge(Check("m", "growth", 1.0), [{"step": 0, "m": 1.0}, {"step": 1, "m": 0.0}])])
+    r = ScenarioResult(s, checks=[check_budget(Check("m", "growth", 1.0), [{"step": 0, "m": 1.0}, {"step": 1, "m": 0.0}])])
     assert not r.held
-    assert "INCONCLUSIVE" in stress.table([r])
-    [case] = ET.fromstring(stress.junit_xml([r])).iter("testcase")
+    assert "INCONCLUSIVE" in scenarios.table([r])
+    [case] = ET.fromstring(scenarios.junit_bytes([r])).iter("testcase")
     assert case.find("failure").get("type") == "Inconclusive"
 
 
@@ -125,7 +126,7 @@ def test_an_inconclusive_check_fails_the_scenario_and_says_so(tmp_path):
 def test_names_that_sanitise_alike_get_their_own_directories(tmp_path, capsys, names):
     f = _write(tmp_path / "s.toml", "".join(tiny(json.dumps(n)) for n in names))
     out = tmp_path / "o"
-    assert stress.main_stress(stress_args([f], out=out, json=tmp_path / "r.json")) == 0
+    assert stress_cli.main(stress_args([f], out=out, json=tmp_path / "r.json")) == 0
     dirs = _run_dirs(out)
     assert len(dirs) == 2 and all(d.parent == out / "s" for d in dirs), dirs
     doc = json.loads((tmp_path / "r.json").read_text())
@@ -135,14 +136,14 @@ def test_names_that_sanitise_alike_get_their_own_directories(tmp_path, capsys, n
 def test_names_longer_than_a_file_name_get_distinct_short_directories(tmp_path):
     names = ["x" * 300, "x" * 300 + "y"]
     f = _write(tmp_path / "s.toml", "".join(tiny(json.dumps(n)) for n in names))
-    results = stress.run_scenarios(stress.load_scenarios([f]), tmp_path / "o")
+    results = scenarios.run_scenarios(scenarios.load_scenarios([f]), tmp_path / "o")
     assert len({r.run_dir for r in results}) == 2 and all(len(Path(r.run_dir).name) < 120 for r in results)
     assert len(_run_dirs(tmp_path / "o")) == 2
 
 
 def test_plain_names_keep_their_directory_name(tmp_path):
     f = _write(tmp_path / "s.toml", tiny('"qr-fp64_1.0"'))
-    [r] = stress.run_scenarios(stress.load_scenarios([f]), tmp_path / "o")
+    [r] = scenarios.run_scenarios(scenarios.load_scenarios([f]), tmp_path / "o")
     assert Path(r.run_dir) == tmp_path / "o" / "s" / "qr-fp64_1.0"
 
 
@@ -150,7 +151,7 @@ def test_plain_names_keep_their_directory_name(tmp_path):
 def test_dot_and_slash_names_stay_inside_their_file_directory(tmp_path, name):
     f = _write(tmp_path / "s.toml", tiny(json.dumps(name)))
     out = tmp_path / "o"
-    [r] = stress.run_scenarios(stress.load_scenarios([f]), out)
+    [r] = scenarios.run_scenarios(scenarios.load_scenarios([f]), out)
     run_dir = Path(r.run_dir)
     assert run_dir.resolve().parent == (out / "s").resolve(), run_dir
     assert _run_dirs(tmp_path) == [run_dir]
@@ -159,7 +160,7 @@ def test_dot_and_slash_names_stay_inside_their_file_directory(tmp_path, name):
 @pytest.mark.parametrize("name", ["a\u0001b", "a\tb", "line\nbreak", "a\u2028b", "", "  ", "bell\u0007"])
 def test_a_name_with_control_characters_or_blank_is_refused_at_its_line(tmp_path, capsys, name):
     f = _write(tmp_path / "s.toml", "# scenarios\n" + tiny(json.dumps(name)))
-    assert stress.main_stress(stress_args([f])) == 2
+    assert stress_cli.main(stress_args([f])) == 2
     err = _one_line_error(capsys)
     assert f"{f}:3:" in err and "name" in err
 
@@ -167,9 +168,9 @@ def test_a_name_with_control_characters_or_blank_is_refused_at_its_line(tmp_path
 def test_junit_parses_whatever_the_messages_hold(tmp_path):
     # text pitcheck does not refuse (a why, a run's error) may carry characters XML 1.0 cannot hold
     s = Scenario("a", str(tmp_path / "s.toml"), None, [Check("m", "max", 1.0)], why="bad \x01 \x1b[31m \ufffe why")
-    c = CheckResult(Check("m", "max", 1.0), 2.0, 3, False, "m reached 2 \x00 at step 3")
+    c = BudgetResult(Check("m", "max", 1.0), 2.0, 3, False, "m reached 2 \x00 at step 3")
     r = ScenarioResult(s, checks=[c], errors=["run broke down: \x0b"])
-    root = ET.fromstring(stress.junit_xml([r]))
+    root = ET.fromstring(scenarios.junit_bytes([r]))
     failures = [f for f in root.iter("failure")]
     assert len(failures) == 2
     assert "\\x01" in failures[0].text and "\\x00" in failures[0].get("message")
@@ -178,10 +179,10 @@ def test_junit_parses_whatever_the_messages_hold(tmp_path):
 def test_same_file_name_in_two_folders_runs_both_with_distinct_names(tmp_path, capsys):
     a = _write(tmp_path / "team1" / "ci.toml", tiny("x"))
     b = _write(tmp_path / "team2" / "ci.toml", tiny("x"))
-    scenarios = stress.load_scenarios([a, b])
-    assert [s.id for s in scenarios] == ["team1/ci::x", "team2/ci::x"]
+    loaded = scenarios.load_scenarios([a, b])
+    assert [s.id for s in loaded] == ["team1/ci::x", "team2/ci::x"]
     out = tmp_path / "o"
-    assert stress.main_stress(stress_args([a, b], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json")) == 0
+    assert stress_cli.main(stress_args([a, b], out=out, junit=tmp_path / "r.xml", json=tmp_path / "r.json")) == 0
     assert len(_run_dirs(out)) == 2
     table = capsys.readouterr().out
     assert "team1/ci::x" in table and "team2/ci::x" in table
@@ -190,28 +191,28 @@ def test_same_file_name_in_two_folders_runs_both_with_distinct_names(tmp_path, c
     assert sorted(s["id"] for s in json.loads((tmp_path / "r.json").read_text())["scenarios"]) == [
         "team1/ci::x", "team2/ci::x"]
     # --only takes a qualified name as well as a bare one
-    assert stress.main_stress(stress_args([a, b], only="team2/ci::x", json=tmp_path / "r.json")) == 0
+    assert stress_cli.main(stress_args([a, b], only="team2/ci::x", json=tmp_path / "r.json")) == 0
     assert [s["id"] for s in json.loads((tmp_path / "r.json").read_text())["scenarios"]] == ["team2/ci::x"]
 
 
 def test_different_stems_keep_short_names(tmp_path):
     a = _write(tmp_path / "one" / "ci.toml", tiny("x"))
     b = _write(tmp_path / "two" / "nightly.toml", tiny("x"))
-    assert [s.id for s in stress.load_scenarios([a, b])] == ["ci::x", "nightly::x"]
+    assert [s.id for s in scenarios.load_scenarios([a, b])] == ["ci::x", "nightly::x"]
 
 
 def test_the_same_file_given_twice_is_refused(tmp_path, capsys):
     f = _write(tmp_path / "d" / "s.toml", tiny("x"))
     (tmp_path / "link.toml").symlink_to(f)
     for second in (tmp_path / "d" / ".." / "d" / "s.toml", tmp_path / "link.toml"):
-        assert stress.main_stress(stress_args([f, second])) == 2
+        assert stress_cli.main(stress_args([f, second])) == 2
         assert "given twice" in _one_line_error(capsys)
 
 
 def test_two_files_that_cannot_be_told_apart_are_refused_naming_both(tmp_path, capsys):
     a = _write(tmp_path / "ci.toml", tiny("x"))
     b = _write(tmp_path / "ci.TOML", tiny("x"))
-    assert stress.main_stress(stress_args([a, b])) == 2
+    assert stress_cli.main(stress_args([a, b])) == 2
     err = _one_line_error(capsys)
     assert str(a) in err and str(b) in err
 
@@ -219,7 +220,7 @@ def test_two_files_that_cannot_be_told_apart_are_refused_naming_both(tmp_path, c
 def test_a_run_directory_that_would_hold_another_scenarios_plot_is_refused(tmp_path, capsys):
     # a broken budget on 'y' plots s/y-orthonormality.png: the scenario so named would share that path
     f = _write(tmp_path / "s.toml", tiny("y") + tiny('"y-orthonormality.png"'))
-    assert stress.main_stress(stress_args([f], out=tmp_path / "o")) == 2
+    assert stress_cli.main(stress_args([f], out=tmp_path / "o")) == 2
     err = _one_line_error(capsys)
     assert "'s::y'" in err and "y-orthonormality.png" in err
     assert not _run_dirs(tmp_path / "o")
@@ -228,7 +229,7 @@ def test_a_run_directory_that_would_hold_another_scenarios_plot_is_refused(tmp_p
 def test_a_broken_budget_is_plotted_beside_its_run(tmp_path):
     f = _write(tmp_path / "s.toml", tiny("a").replace("orthonormality = 1.0", "orthonormality = 1e-30"))
     out = tmp_path / "o"
-    assert stress.main_stress(stress_args([f], out=out)) == 1
+    assert stress_cli.main(stress_args([f], out=out)) == 1
     assert (out / "s" / "a-orthonormality.png").stat().st_size > 1000
 
 
@@ -252,7 +253,7 @@ def test_outputs_that_clash_or_cannot_be_created_are_refused_before_any_run(tmp_
     (tmp_path / "x").mkdir()
     kw = make(tmp_path)
     kw.setdefault("out", tmp_path / "o")
-    assert stress.main_stress(stress_args([f], **kw)) == 2
+    assert stress_cli.main(stress_args([f], **kw)) == 2
     _one_line_error(capsys)
     assert not _run_dirs(tmp_path)
     assert (tmp_path / "s.toml").read_text() == tiny("a")
@@ -262,7 +263,7 @@ def test_distinct_outputs_beside_the_runs_are_accepted(tmp_path):
     f = _write(tmp_path / "s.toml", tiny("a"))
     out = tmp_path / "o"
     out.mkdir()
-    assert stress.main_stress(stress_args([f], out=out, json=out / "r.json", junit=out / "r.xml")) == 0
+    assert stress_cli.main(stress_args([f], out=out, json=out / "r.json", junit=out / "r.xml")) == 0
     assert json.loads((out / "r.json").read_text())["held"] is True
     ET.parse(out / "r.xml")
 
@@ -281,7 +282,7 @@ def test_outputs_through_a_link_keep_the_link_and_a_fifo_is_written_in_place(tmp
     got = {}
     reader = threading.Thread(target=lambda: got.setdefault("xml", fifo.read_bytes()))
     reader.start()
-    assert stress.main_stress(stress_args([f], json=link, junit=fifo)) == 0
+    assert stress_cli.main(stress_args([f], json=link, junit=fifo)) == 0
     reader.join(10)
     assert link.is_symlink() and json.loads(target.read_text())["held"] is True
     assert fifo.exists() and not fifo.is_file()  # still a FIFO
