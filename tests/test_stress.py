@@ -166,3 +166,25 @@ def test_list_shows_the_suite(capsys):
     assert stress_cli.main(stress_args([], list=True)) == 0
     out = capsys.readouterr().out
     assert "retractions::fp64-cholqr2  [theory]" in out and "(needs CUDA)" in out
+
+
+def test_the_library_returns_results_and_raises_what_the_cli_prints(tmp_path):
+    f = _write(tmp_path, TINY.format(name="a", retraction="qr", budget="1e-12"))
+    outcome = scenarios.stress([f], json=tmp_path / "r.json")
+    assert outcome.held and [r.scenario.id for r in outcome.results] == ["s::a"] and outcome.plots == []
+    assert json.loads((tmp_path / "r.json").read_text())["held"] is True
+    with pytest.raises(scenarios.StressInputError, match="no such scenario"):
+        scenarios.stress([f], only=["b"])
+
+
+def test_an_output_that_fails_after_the_runs_still_shows_the_table(tmp_path, capsys, monkeypatch):
+    from pitcheck.errors import PitcheckError
+
+    def refuse(path, data):
+        raise PitcheckError(f"cannot write {path}: disk full")
+
+    monkeypatch.setattr(scenarios, "write_atomic", refuse)
+    f = _write(tmp_path, TINY.format(name="a", retraction="qr", budget="1e-12"))
+    assert stress_cli.main(stress_args([f], json=tmp_path / "r.json")) == 2
+    cap = capsys.readouterr()
+    assert "s::a" in cap.out and cap.err.strip().endswith(f"pitcheck stress: error: cannot write {tmp_path / 'r.json'}: disk full")
