@@ -1,7 +1,11 @@
-"""Cost of keeping Z on the manifold, as ratios to the GEMM floor measured in the same run."""
+"""Cost of keeping Z on the manifold, as ratios to the GEMM floor measured in the same run: the library
+of `pitcheck bench`. `bench()` times, writes the outputs asked for and returns the results document.
+
+torch is imported where cases are built, not here: the CLI imports this module while building its parser,
+before it imports torch with Ctrl-C held (pitcheck.cli.common.import_torch_holding_ctrl_c).
+"""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -12,8 +16,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from .arrays import TorchOps
 from .errors import PitcheckError
+from .gradients import AdversaryParams, parse_adversary
+from .plotting import pyplot, save_figure
+from .policy import get_policy
+from .reference import random_memory
+from .retractions import APPROXIMATE, RETRACTIONS, tangent_projection
+from .rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
 from .threads import pin_threads
+from .trajectory import RunConfig, available_memory, check_memory, initial_state, make_engine, recorded_steps
 
 QUICK_SHAPES = [(2048, 32), (16384, 64), (8192, 128), (65536, 32)]
 FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
@@ -74,11 +88,7 @@ def time_interleaved(cases: list[Case], rounds: int, target_s: float = 0.02, see
 
 
 def _tall_point(V: int, D: int, dtype, seed: int = 0):
-    import numpy as np
     import torch
-
-    from .reference import random_memory
-    from .retractions import tangent_projection
 
     rng = np.random.default_rng(seed)
     Z = random_memory(V, D, rng)
@@ -94,14 +104,11 @@ def _vv_bytes(V: int, itemsize: int = 4) -> int:
 def peer_cases(V: int, D: int, Z, xi, mode: str) -> tuple[list[Case], list[dict]]:
     """The peers that fit; and a note for each that was not run (not installed, or V x V too large)."""
     import torch
-
-    from .trajectory import available_memory
+    from torch.nn.utils.parametrizations import orthogonal
 
     cases, notes = [], []
 
     # torch's own orthogonal parametrisation, Householder map, no trivialisation: tall-friendly
-    from torch.nn.utils.parametrizations import orthogonal
-
     lin = torch.nn.Linear(D, V, bias=False)
     with torch.no_grad():
         lin.weight.copy_(Z + xi)
@@ -147,8 +154,6 @@ def peer_cases(V: int, D: int, Z, xi, mode: str) -> tuple[list[Case], list[dict]
 
 
 def _vv_status(V: int, mode: str) -> str:
-    from .trajectory import available_memory
-
     need = _vv_bytes(V) * 6
     have = available_memory() or 0
     if need >= have:
@@ -157,9 +162,6 @@ def _vv_status(V: int, mode: str) -> str:
 
 
 def retraction_cases(V: int, D: int, Z, xi, names) -> list[Case]:
-    from .arrays import TorchOps
-    from .retractions import APPROXIMATE, RETRACTIONS
-
     ops = TorchOps()
     return [Case(n, "retraction", (lambda f=RETRACTIONS[n]: f(Z, xi, ops)), V, D, approximate=n in APPROXIMATE)
             for n in names]
@@ -168,10 +170,6 @@ def retraction_cases(V: int, D: int, Z, xi, names) -> list[Case]:
 def step_cases(V: int, D: int, retractions, precisions=("fp32",)) -> list[Case]:
     """A full engine step (gradients in the engine's stream, optimizer, retraction), and one metrics
     record, on a torch CPU engine without the float64 shadow."""
-    from .gradients import AdversaryParams, parse_adversary
-    from .policy import get_policy
-    from .trajectory import RunConfig, initial_state, make_engine
-
     cases = []
     for prec in precisions:
         for r in retractions:
@@ -192,19 +190,16 @@ def step_cases(V: int, D: int, retractions, precisions=("fp32",)) -> list[Case]:
 
 
 def machine() -> dict:
-    import numpy
     import torch
 
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": numpy.__version__, "threads": 1, "clock": "process CPU time",
+            "numpy": np.__version__, "threads": 1, "clock": "process CPU time",
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
 def fit_scaling(results: list[dict]) -> dict:
     """Least-squares exponents (a, b) of ms ~ V^a D^b per retraction, over the shapes timed."""
-    import numpy as np
-
     out = {}
     names = sorted({r["retraction"] for r in results if r["kind"] in ("retraction", "gemm")})
     for n in names:
@@ -221,8 +216,6 @@ def fit_scaling(results: list[dict]) -> dict:
 def tracking_fraction(results: list[dict], steps_list=(300, 2000)) -> list[dict]:
     """Share of a run spent in metric records on the default recording schedule, from the timed step and
     record costs at each shape (checkpoint writes not included)."""
-    from .trajectory import RunConfig, recorded_steps
-
     out = []
     for r in results:
         if r["kind"] != "metrics":
@@ -243,8 +236,6 @@ def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[s
     """The shapes and retractions to time (None: the defaults), refused before anything is timed when a
     list is empty, names something that is not a retraction, or repeats an entry (it would be timed twice
     and give two rows of one name)."""
-    from .retractions import RETRACTIONS
-
     timed = [n for n in RETRACTIONS if n != "none"]  # 'none' leaves Z as it is: nothing to time
     if retractions is None:
         names = timed
@@ -284,8 +275,6 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
     pinned = pin_threads(1)
     results, notes = [], []
     for V, D in shapes:
-        from .trajectory import check_memory
-
         check_memory(V, D, "the benchmark")
         Z, xi = _tall_point(V, D, torch.float32)
         cases = [Case("gemm", "gemm", lambda Z=Z: Z.T @ Z, V, D)]
@@ -341,7 +330,9 @@ def check_targets(results: list[dict], tracking: list[dict]) -> list[dict]:
 
 # ---------------------------------------------------------------- output
 
+# the retraction columns' display order (retractions not listed follow, sorted), then the peers'
 COLUMN_ORDER = ["polar-gram", "polar-ns", "cholqr", "cholqr2", "qr", "polar", "cayley", "cayley-iter", "ns5"]
+PEER_ORDER = ["torch householder", "geoopt QR", "geoopt Cayley", "geotorch"]
 
 
 def table(doc: dict) -> str:
@@ -351,8 +342,7 @@ def table(doc: dict) -> str:
     names = [n for n in COLUMN_ORDER if any(r["retraction"] == n for r in res)]
     names += sorted({r["retraction"] for r in res if r["kind"] == "retraction"} - set(names))
     peers = sorted({r["retraction"] for r in res if r["kind"] == "peer"},
-                   key=lambda n: ["torch householder", "geoopt QR", "geoopt Cayley", "geotorch"].index(n)
-                   if n in ["torch householder", "geoopt QR", "geoopt Cayley", "geotorch"] else 9)
+                   key=lambda n: PEER_ORDER.index(n) if n in PEER_ORDER else 9)
     steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics")}, key=lambda n: (n == "metrics", n))
     cols = names + peers + steps
     label = {n: (f"{n} (approx.)" if any(r["retraction"] == n and r.get("approximate") for r in res) else n)
@@ -407,9 +397,7 @@ def report(doc: dict) -> str:
 def plot(doc: dict, path: Path) -> Path:
     """Left: time against V D^2 (an O(V D^2) method is a line of slope 1); right: ratio to the GEMM
     floor at each shape. Retractions solid, peers dashed, the floor thick."""
-    from .plotting import pyplot as _pyplot, save_figure as _save_figure
-
-    plt = _pyplot()
+    plt = pyplot()
     res = [r for r in doc["results"] if r["kind"] in ("retraction", "gemm", "peer")]
     shapes = sorted({(r["vocab"], r["dim"]) for r in res}, key=lambda s: s[0] * s[1] ** 2)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
@@ -439,50 +427,19 @@ def plot(doc: dict, path: Path) -> Path:
     bx.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("cost of keeping Z on the manifold (fp32)", fontsize=10)
     fig.tight_layout()
-    return _save_figure(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
-# ---------------------------------------------------------------- command line
+# ---------------------------------------------------------------- the entry point
 
-def _shape(text: str) -> tuple[int, int]:
-    try:
-        v, d = text.lower().split("x")
-        V, D = int(v), int(d)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: write VxD, e.g. 8192x128") from None
-    if not (V >= 2 and 1 <= D <= V):
-        raise argparse.ArgumentTypeError(f"shape {text!r}: need 1 <= D <= V")
-    return V, D
+OUT_FILES = ("report.md", "bench.json", "bench.png")
 
 
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="cost of each retraction, peer, full step and metrics record, as "
-                                            "ratios to the GEMM floor measured in the same run")
-    p.add_argument("--quick", action="store_true", help=f"shapes {', '.join(f'{v}x{d}' for v, d in QUICK_SHAPES)}, "
-                                                        "5 rounds, V x V peers only up to V = 2048")
-    p.add_argument("--json", metavar="FILE", help="write {machine, results: [{retraction, precision, vocab, dim, ms, "
-                                                  "gemm_ms, ratio, peer}], ...}")
-    p.add_argument("--out", metavar="DIR", help="write report.md, bench.json and bench.png here")
-    p.add_argument("--shape", type=_shape, action="append", metavar="VxD",
-                   help="a shape to time (repeatable; a shape given twice is refused)")
-    p.add_argument("--rounds", type=int, help="interleaved rounds (minimum taken); default 5 quick, 9 full")
-    p.add_argument("--retractions", help="comma-separated subset, each named once (default: all but none)")
-    p.add_argument("--no-peers", action="store_true", help="skip torch/geoopt/geotorch peers")
-    p.add_argument("--no-steps", action="store_true", help="skip full steps and metrics records")
-    p.set_defaults(func=main_bench)
-    return p
-
-
-BENCH_OUT_FILES = ("report.md", "bench.json", "bench.png")
-
-
-def check_bench_outputs(json_path, out) -> None:
-    """--json and the files of --out, each writable and no two the same file, before anything is timed."""
-    from .rundir import check_distinct_outputs, check_out_file, check_out_path
-
+def check_outputs(json_path, out) -> None:
+    """json_path and the files of out, each writable and no two the same file, before anything is timed."""
     outputs = [("--json", json_path)]
     if out is not None:
-        outputs += [("--out", out)] + [(f"--out's {name}", Path(out) / name) for name in BENCH_OUT_FILES]
+        outputs += [("--out", out)] + [(f"--out's {name}", Path(out) / name) for name in OUT_FILES]
     check_distinct_outputs(outputs)
     if json_path is not None:
         check_out_file(json_path, "--json")
@@ -493,56 +450,40 @@ def check_bench_outputs(json_path, out) -> None:
                 check_out_file(path, option)
 
 
-def main_bench(args) -> int:
-    from .rundir import write_atomic
-
-    def err(msg):
-        print(f"pitcheck bench: error: {msg}", file=sys.stderr)
-        return 2
-
-    try:
-        names = None
-        if args.retractions is not None:  # '' is an empty list, refused, not the default
-            names = [n.strip() for n in args.retractions.split(",") if n.strip()]
-        if args.rounds is not None and args.rounds < 1:
-            return err(f"--rounds must be >= 1, got {args.rounds}")
-        bench_inputs(args.shape, names, args.quick)
-        check_bench_outputs(args.json, args.out)
-    except PitcheckError as exc:
-        return err(str(exc))
-
-    def echo(V, D, rows):
-        print(f"{V} x {D}: " + ", ".join(f"{r['retraction']} {r['ratio']:.3g}" for r in rows), file=sys.stderr,
-              flush=True)
-
-    try:
-        doc = run_bench(args.shape, quick=args.quick, rounds=args.rounds, retractions=names,
-                        peers=not args.no_peers, steps=not args.no_steps, echo=echo)
-        text = report(doc)
-        print(text)
-        payload = (json.dumps(doc, indent=2) + "\n").encode()
-        if args.json:
-            write_atomic(args.json, payload)
-        if args.out:
-            out = Path(args.out)
-            try:
-                out.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise PitcheckError(f"cannot create {out}: {exc.strerror or exc}") from None
-            write_atomic(out / "report.md", (text + "\n").encode())
-            write_atomic(out / "bench.json", payload)
-            plot(doc, out / "bench.png")
-    except PitcheckError as exc:
-        return err(str(exc))
-    return 0
+def _echo_shape(V: int, D: int, rows: list[dict]) -> None:
+    print(f"{V} x {D}: " + ", ".join(f"{r['retraction']} {r['ratio']:.3g}" for r in rows), file=sys.stderr, flush=True)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="pitcheck")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_bench_parser(sub)
-    return main_bench(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
+          steps: bool = True, json_path: str | Path | None = None, out: str | Path | None = None,
+          progress: bool = False) -> dict:
+    """Time each retraction, peer, full engine step and metrics record as a ratio to the Z^T Z GEMM of the
+    same shape, timed in the same interleaved rounds on one pinned thread; return the results document.
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    shapes: (V, D) pairs (None: QUICK_SHAPES with quick, else FULL_SHAPES); quick also means 5 rounds and
+    V x V peers only up to V = 2048. rounds: interleaved rounds, the minimum taken (None: 5 quick, 9 full).
+    retractions: names to time (None: every one but 'none'). peers: time torch/geoopt/geotorch's peers;
+    steps: time full steps and metrics records. json_path: write the document there; out: write
+    report.md, bench.json and bench.png into that directory. progress: one line per shape on stderr.
+    Bad input (an empty or repeated list, an unknown retraction, rounds < 1, outputs that cannot be
+    written or name one file twice) raises PitcheckError before anything is timed.
+    """
+    if rounds is not None and rounds < 1:
+        raise PitcheckError(f"--rounds must be >= 1, got {rounds}")
+    bench_inputs(shapes, retractions, quick)
+    check_outputs(json_path, out)
+    doc = run_bench(shapes, quick=quick, rounds=rounds, retractions=retractions, peers=peers, steps=steps,
+                    echo=_echo_shape if progress else None)
+    payload = (json.dumps(doc, indent=2) + "\n").encode()
+    if json_path:
+        write_atomic(json_path, payload)
+    if out:
+        out = Path(out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PitcheckError(f"cannot create {out}: {exc.strerror or exc}") from None
+        write_atomic(out / "report.md", (report(doc) + "\n").encode())
+        write_atomic(out / "bench.json", payload)
+        plot(doc, out / "bench.png")
+    return doc
