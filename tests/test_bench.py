@@ -1,4 +1,4 @@
-"""pitcheck.bench: JSON schema, ratios to the GEMM floor from the same run, peers, scaling fit, exit codes.
+"""pitcheck.benchmark and `pitcheck bench`: JSON schema, ratios to the GEMM floor from the same run, peers, scaling fit, exit codes.
 Timings themselves are never asserted (shared, noisy cores): only their structure and arithmetic."""
 import argparse
 import json
@@ -6,12 +6,13 @@ import math
 
 import pytest
 
-from pitcheck import PitcheckError, bench
+from pitcheck import PitcheckError, benchmark
+from pitcheck.cli import bench as bench_cli
 
 
 def _args(**kw):
     p = argparse.ArgumentParser()
-    bench.add_bench_parser(p.add_subparsers(dest="command"))
+    bench_cli.add_parser(p.add_subparsers(dest="command"))
     argv = ["bench"]
     for k, v in kw.items():
         flag = "--" + k.replace("_", "-")
@@ -28,7 +29,7 @@ def _args(**kw):
 @pytest.fixture(scope="module")
 def doc():
     # tiny shapes, one round: structure only
-    return bench.run_bench([(256, 4), (512, 8), (1024, 4)], quick=True, rounds=1,
+    return benchmark.run_bench([(256, 4), (512, 8), (1024, 4)], quick=True, rounds=1,
                            retractions=["qr", "cholqr2", "cayley", "polar-gram", "ns5"])
 
 
@@ -63,33 +64,33 @@ def test_vv_peers_are_reported_not_run_above_the_limit():
     pytest.importorskip("geoopt")
     import torch
 
-    Z, xi = bench._tall_point(4096, 4, torch.float32)
-    cases, notes = bench.peer_cases(4096, 4, Z, xi, "quick")
+    Z, xi = benchmark._tall_point(4096, 4, torch.float32)
+    cases, notes = benchmark.peer_cases(4096, 4, Z, xi, "quick")
     assert "geoopt Cayley" not in {c.name for c in cases}
     assert any(n["peer"] == "geoopt Cayley" and "V x V" in n["status"] for n in notes)
 
 
 def test_table_and_report(doc):
-    t = bench.table(doc)
+    t = benchmark.table(doc)
     head = t.splitlines()[0]
     for col in ("GEMM ms", "qr", "cholqr2", "ns5 (approx.)", "torch householder", "full step:qr", "metrics record"):
         assert col in head
     assert "| 1024 x 4 |" in t
-    rep = bench.report(doc)
+    rep = benchmark.report(doc)
     assert "Targets" in rep and "Fitted scaling" in rep and "Metric tracking" in rep
 
 
 def test_scaling_fit_recovers_known_exponents():
     rows = [{"retraction": "x", "kind": "retraction", "vocab": V, "dim": D, "ms": 1e-6 * V * D**2}
             for V in (1000, 4000, 16000) for D in (8, 32)]
-    fit = bench.fit_scaling(rows)["x"]
+    fit = benchmark.fit_scaling(rows)["x"]
     assert fit["V"] == 1.0 and fit["D"] == 2.0
 
 
 def test_tracking_fraction_arithmetic():
     rows = [{"kind": "step", "retraction": "step:qr", "vocab": 8, "dim": 2, "precision": "fp32", "ms": 1.0},
             {"kind": "metrics", "retraction": "metrics", "vocab": 8, "dim": 2, "precision": "fp32", "ms": 10.0}]
-    [t300, t2000] = bench.tracking_fraction(rows)
+    [t300, t2000] = benchmark.tracking_fraction(rows)
     n = t2000["records"]
     assert t2000["fraction"] == round(10 * n / (2000 + 10 * n), 4)
     assert t300["fraction"] > t2000["fraction"]
@@ -103,7 +104,7 @@ def test_targets_are_judged(doc):
 
 
 def test_main_writes_json_and_out(tmp_path, capsys):
-    code = bench.main_bench(_args(shape=["256x4", "512x8"], rounds=1, retractions="qr,cholqr2", no_peers=True,
+    code = bench_cli.main(_args(shape=["256x4", "512x8"], rounds=1, retractions="qr,cholqr2", no_peers=True,
                                   no_steps=True, json=tmp_path / "b.json", out=tmp_path / "o"))
     assert code == 0
     doc = json.loads((tmp_path / "b.json").read_text())
@@ -115,7 +116,7 @@ def test_main_writes_json_and_out(tmp_path, capsys):
 @pytest.mark.parametrize("kw, what", [(dict(retractions="qr,householder"), "unknown retraction 'householder'"),
                                       (dict(rounds=0), "--rounds must be >= 1")])
 def test_bad_input_exits_2(kw, what, capsys):
-    assert bench.main_bench(_args(**kw)) == 2
+    assert bench_cli.main(_args(**kw)) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("pitcheck bench: error:") and what in err and "\n" not in err
 
@@ -137,9 +138,9 @@ def _not_timed(*args, **kw):
     (dict(shape=["256x4", "512x8", "256x4"]), "--shape 256x4 given twice"),  # was timed twice
 ])
 def test_bench_lists_are_refused_before_anything_is_timed(kw, what, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "run_bench", _not_timed)
+    monkeypatch.setattr(benchmark, "run_bench", _not_timed)
     argv = dict(shape=["256x4"], rounds=1, no_peers=True, no_steps=True)
-    assert bench.main_bench(_args(**{**argv, **kw})) == 2
+    assert bench_cli.main(_args(**{**argv, **kw})) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("pitcheck bench: error:") and what in err and "\n" not in err
 
@@ -148,20 +149,20 @@ def test_bench_lists_are_refused_before_anything_is_timed(kw, what, monkeypatch,
                                       (dict(shapes=[(256, 4), (256, 4)]), "given twice"),
                                       (dict(shapes=[]), "no shapes")])
 def test_run_bench_refuses_the_same_lists(kw, what, monkeypatch):
-    monkeypatch.setattr(bench, "time_interleaved", _not_timed)
+    monkeypatch.setattr(benchmark, "time_interleaved", _not_timed)
     with pytest.raises(PitcheckError, match=what):
-        bench.run_bench(**{"shapes": [(256, 4)], **kw})
+        benchmark.run_bench(**{"shapes": [(256, 4)], **kw})
 
 
 @pytest.mark.parametrize("made", [False, True])
 @pytest.mark.parametrize("clash", ["bench.json", "report.md", "bench.png", "."])
 def test_bench_outputs_naming_one_file_are_refused_before_timing(tmp_path, clash, made, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "run_bench", _not_timed)
+    monkeypatch.setattr(benchmark, "run_bench", _not_timed)
     out = tmp_path / "o"
     if made:
         out.mkdir()
     json_path = out / clash if clash != "." else out  # "." : --json the --out directory itself
-    assert bench.main_bench(_args(shape=["256x4"], json=json_path, out=out)) == 2
+    assert bench_cli.main(_args(shape=["256x4"], json=json_path, out=out)) == 2
     err = capsys.readouterr().err.strip()
     assert ("--json" in err and ("--out" in err or made and "is a directory" in err)) and "\n" not in err
     assert out.exists() == made
@@ -169,13 +170,33 @@ def test_bench_outputs_naming_one_file_are_refused_before_timing(tmp_path, clash
 
 
 def test_bench_outputs_that_cannot_be_written_are_refused_before_timing(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "run_bench", _not_timed)
+    monkeypatch.setattr(benchmark, "run_bench", _not_timed)
     (tmp_path / "o" / "bench.png").mkdir(parents=True)
     (tmp_path / "file").write_text("x")
     for kw, what in [(dict(out=tmp_path / "o"), "bench.png is a directory"),
                      (dict(json=tmp_path / "missing" / "b.json"), "does not exist"),
                      (dict(json=tmp_path), "is a directory"),
                      (dict(out=tmp_path / "file" / "sub"), "is a file")]:
-        assert bench.main_bench(_args(shape=["256x4"], **kw)) == 2
+        assert bench_cli.main(_args(shape=["256x4"], **kw)) == 2
         err = capsys.readouterr().err.strip()
         assert what in err and "\n" not in err
+
+
+@pytest.mark.parametrize("kw, what", [(dict(rounds=0), "--rounds must be >= 1, got 0"),
+                                      (dict(retractions=["qr", "householder"]), "unknown retraction 'householder'"),
+                                      (dict(json_path="o", out="o"), "--json")])
+def test_bench_raises_on_bad_input_before_timing(kw, what, monkeypatch, tmp_path):
+    """The library raises PitcheckError, without the CLI's prefix; nothing is timed or written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(benchmark, "run_bench", _not_timed)
+    with pytest.raises(PitcheckError, match=what) as info:
+        benchmark.bench([(256, 4)], **kw)
+    assert not str(info.value).startswith("pitcheck") and not any(tmp_path.iterdir())
+
+
+def test_bench_returns_the_document_it_writes(tmp_path):
+    doc = benchmark.bench([(256, 4)], rounds=1, retractions=["qr"], peers=False, steps=False,
+                          json_path=tmp_path / "b.json", out=tmp_path / "o")
+    assert json.loads((tmp_path / "b.json").read_text()) == doc
+    assert (tmp_path / "o" / "bench.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert (tmp_path / "o" / "report.md").read_text() == benchmark.report(doc) + "\n"

@@ -1,20 +1,27 @@
-"""The heads comparison: the lm source trained with PIT (each retraction), standard tying and untied heads,
-in each precision, beside the same PIT cells driven by an adversary (the worst case), from one command.
+"""The heads comparison (`pitcheck heads`): the lm source trained with PIT (each retraction), standard tying
+and untied heads, in each precision, beside the same PIT cells driven by an adversary (the worst case), from
+one call of heads().
 
 It is a sweep (pitcheck.sweep: one resumable run directory per cell, summary.csv, report.md and plots) of
-the lm grid in OUT and, unless the reference is "none", of the adversarial grid in OUT/reference; then
+the lm grid in OUT/lm and, unless there is no reference, of the adversarial grid in OUT/reference; then
 heads.csv, heads.md and heads.{png,svg}: held-out loss and pinv_drift against step, per head and precision.
 """
 from __future__ import annotations
 
 import csv
 import io
-import json
+import math
 from pathlib import Path
 
+from .. import sweep
 from ..errors import PitcheckError
+from ..heads import HEADS
+from ..plotting import pyplot, save_png_and_svg
+from ..rundir import check_out_file, check_out_path, read_events, read_manifest, read_metrics, write_atomic
+from . import LMParams, uses_lm
 
-HEADS = ("pit", "tied", "untied")
+# the heads' names in the table's order (HEADS may be a tuple of names or a registry keyed by them)
+HEAD_NAMES = tuple(HEADS)
 # one row per cell: the lm cells (source "lm") first, then the reference cells (source: their adversary)
 HEADS_COLUMNS = ["source", "precision", "head", "steps", "final_pinv_drift", "max_pinv_drift",
                  "final_orthonormality", "max_orthonormality", "final_cond_T", "max_cond_T", "first_heldout_loss",
@@ -22,10 +29,8 @@ HEADS_COLUMNS = ["source", "precision", "head", "steps", "final_pinv_drift", "ma
 
 
 def heads_grid(precisions, retractions, steps: int, vocab: int, dim: int, optimizer: str, lr: float, seed: int,
-               lm: dict, adversary_params: dict, adversaries=("lm",), heads=HEADS, records_per_decade: int = 10,
+               lm: dict, adversary_params: dict, adversaries=("lm",), heads=HEAD_NAMES, records_per_decade: int = 10,
                teacher: str = ""):
-    from ..sweep import grid_from_dict
-
     data = {"steps": steps, "records_per_decade": records_per_decade,
             "description": f"{', '.join(adversaries)} at V x D = {vocab} x {dim}, {optimizer} lr {lr:g}, {steps} steps",
             "axes": {"retraction": list(retractions), "precision": list(precisions), "adversary": list(adversaries),
@@ -36,7 +41,7 @@ def heads_grid(precisions, retractions, steps: int, vocab: int, dim: int, optimi
         data["fixed"]["lm"] = dict(lm)
     if teacher:
         data["fixed"]["teacher"] = teacher
-    return grid_from_dict(data, f"pitcheck heads ({', '.join(adversaries)})")
+    return sweep.grid_from_dict(data, f"pitcheck heads ({', '.join(adversaries)})")
 
 
 def head_label(config) -> str:
@@ -44,10 +49,7 @@ def head_label(config) -> str:
 
 
 def _cell_curves(out: Path, cell) -> dict:
-    from ..rundir import read_events, read_manifest, read_metrics
-    from ..sweep import cell_dir
-
-    d = cell_dir(out, cell)
+    d = sweep.cell_dir(out, cell)
     rows = read_metrics(d / "metrics.csv")
     losses = read_manifest(d / "manifest.json").get("lm", {}).get("losses", [])
     by_step = {e["step"]: e for e in losses}
@@ -58,18 +60,16 @@ def _cell_curves(out: Path, cell) -> dict:
 
 
 def _table(out: Path, grid) -> list[dict]:
-    from ..sweep import cells
-
     precisions, retractions = grid.axes["precision"], grid.axes["retraction"]
     adversaries = grid.axes["adversary"]
 
     def order(c):  # adversary, precision, then PIT by retraction, then tied, untied
         h = c.config
-        return (adversaries.index(h.adversary.replace(",", "+")), precisions.index(h.precision), HEADS.index(h.head),
+        return (adversaries.index(h.adversary.replace(",", "+")), precisions.index(h.precision), HEAD_NAMES.index(h.head),
                 retractions.index(h.retraction) if h.head == "pit" else 0)
 
     table = []
-    for c in sorted(cells(grid), key=order):
+    for c in sorted(sweep.cells(grid), key=order):
         data = _cell_curves(out, c)
         rows, last = data["rows"], data["rows"][-1]
         nan = float("nan")
@@ -148,11 +148,7 @@ def plot_heads(out: Path, table: list[dict]) -> list[str]:
     """heads.{png,svg}, a column per precision: held-out loss (train dotted), pinv_drift and ‖ZᵀZ − I‖_F
     against step; the reference adversaries' PIT cells dashed. The drift axis stops 1e3 above the lm runs'
     largest value: an adversary that drives cond(T) to 1e34 would flatten every other curve."""
-    import math
-
-    from ..plotting import pyplot as _pyplot, save_png_and_svg as _save
-
-    plt = _pyplot()
+    plt = pyplot()
     precisions = list(dict.fromkeys(r["precision"] for r in table))
     fig, axes = plt.subplots(3, len(precisions), figsize=(4.8 * len(precisions) + 0.6, 10.0), squeeze=False,
                              sharex=True)
@@ -191,7 +187,7 @@ def plot_heads(out: Path, table: list[dict]) -> list[str]:
         loss_ax.legend(fontsize=7)
         axes[2][j].legend(fontsize=6)
     fig.tight_layout()
-    return _save(plt, fig, out, "heads")
+    return save_png_and_svg(plt, fig, out, "heads")
 
 
 HEADS_FILES = ("heads.csv", "heads.md", "heads.png", "heads.svg")
@@ -200,25 +196,15 @@ HEADS_FILES = ("heads.csv", "heads.md", "heads.png", "heads.svg")
 def refuse_lm_reference(adversaries) -> None:
     """The reference cells are driven by adversaries, beside the real training; the lm source is that
     training (the lm cells): a reference cell using it was labelled 'lm' and mixed into their table."""
-    from ..sweep import adversary_label, adversary_spec
-    from . import uses_lm
-
     for adversary in adversaries:
-        spec = adversary_spec(adversary)
+        spec = sweep.adversary_spec(adversary)
         if uses_lm(spec):
-            raise PitcheckError(f"--reference {adversary_label(spec)}: the reference cells are driven by adversaries; "
-                                "the lm source is the real training the lm cells already run, not a reference")
+            raise PitcheckError(f"--reference {sweep.adversary_label(spec)}: the reference cells are driven by "
+                                "adversaries; the lm source is the real training the lm cells already run, not a reference")
 
 
-def check_heads_inputs(out: Path | str, reference_grid) -> Path:
-    """Before any cell runs: the reference names adversaries only, and every output can be written.
-
-    The lm source is the real training, the table's first part; a reference cell driven by it would be
-    labelled as real training and mixed into that part."""
-    from ..rundir import check_out_file, check_out_path
-
-    if reference_grid is not None:
-        refuse_lm_reference(reference_grid.axes["adversary"])
+def check_heads_outputs(out: Path | str) -> Path:
+    """Before any cell runs: every output in out can be written."""
     out = check_out_path(out)
     if out.is_dir():
         for name in HEADS_FILES:
@@ -226,19 +212,35 @@ def check_heads_inputs(out: Path | str, reference_grid) -> Path:
     return out
 
 
-def heads(out: Path | str, grid, reference_grid=None, workers: int | None = None, force: bool = False,
+def heads(out: Path | str, precisions=("fp32", "bf16-mixed"), retractions=("qr", "cayley"),
+          reference=("adaptive", "dense_output+sparse_input"), steps: int = 600, vocab: int = 1024, dim: int = 32,
+          optimizer: str = "adam", lr: float = 3e-3, seed: int = 0, teacher: str = "", lm: LMParams | None = None,
+          input_scale: float | None = None, workers: int | None = None, force: bool = False,
           progress: bool | None = None) -> dict:
-    """Sweep the lm heads grid into out (and the reference grid into out/reference), then write heads.csv,
-    heads.md and heads.{png,svg}. Returns the table (without curves) and the sweeps' timing."""
-    from ..rundir import write_atomic
-    from ..sweep import compare
+    """Train the lm source with PIT (one cell per retraction), standard tying and untied heads in each
+    precision (a resumable sweep in out/lm), beside PIT cells driven by each reference adversary (out/reference;
+    an empty reference runs none), then write heads.csv, heads.md and heads.{png,svg} into out.
 
-    out = check_heads_inputs(out, reference_grid)
-    info = compare(out / "lm", grid, workers=workers, force=force, progress=progress)
+    lm: the lm source's settings (None: LMParams()); input_scale: the input-side gradients' scale (None: the
+    default); teacher: start the lm cells at this embedding's polar factor (the reference cells start at
+    random: a pretrained model's table fits the lm vocabulary only). Bad input (a reference naming the lm
+    source, a grid the sweep refuses, outputs that cannot be written) raises PitcheckError before any cell
+    runs. Returns the table (one dict per cell, without curves), the plots written and the sweeps' timing.
+    """
+    adversary_params = {} if input_scale is None else {"input_scale": input_scale}
+    common = dict(precisions=precisions, steps=steps, vocab=vocab, dim=dim, optimizer=optimizer, lr=lr, seed=seed,
+                  lm=(lm or LMParams()).to_json(), adversary_params=adversary_params)
+    grid = heads_grid(retractions=retractions, teacher=teacher, **common)
+    reference_grid = None
+    if reference:
+        refuse_lm_reference(reference)
+        reference_grid = heads_grid(retractions=retractions, heads=("pit",), adversaries=reference, **common)
+    out = check_heads_outputs(out)
+    info = sweep.compare(out / "lm", grid, workers=workers, force=force, progress=progress)
     ref_out, ref_info = None, None
     if reference_grid is not None:
         ref_out = out / "reference"
-        ref_info = compare(ref_out, reference_grid, workers=workers, force=force, progress=progress)
+        ref_info = sweep.compare(ref_out, reference_grid, workers=workers, force=force, progress=progress)
     table = summarise_heads(out / "lm", grid, ref_out, reference_grid)
     write_atomic(out / "heads.csv", heads_csv(table))
     plots = plot_heads(out, table)
@@ -248,67 +250,3 @@ def heads(out: Path | str, grid, reference_grid=None, workers: int | None = None
         timing.update(reference_wall_seconds=ref_info["wall_seconds"], reference_cells=ref_info["cells"])
     return {"table": [{k: v for k, v in r.items() if not k.startswith("_")} for r in table], "plots": plots,
             **timing}
-
-
-def main_heads(args) -> int:
-    """`pitcheck heads`: the grid from the options, the sweeps, the table on stdout."""
-    from dataclasses import replace
-
-    from . import LMParams
-
-    def items(value, what):
-        parts = [v.strip() for v in value.split(",")]
-        if not all(parts):
-            raise PitcheckError(f"{what} must be a comma-separated list, got {value!r}")
-        return parts
-
-    lm = replace(LMParams(), **{f: getattr(args, o) for o, f in (
-        ("lm_seq_len", "seq_len"), ("lm_sequences", "sequences"), ("lm_layers", "layers"), ("lm_lr", "body_lr"),
-        ("lm_eval_sequences", "eval_sequences"), ("lm_vocabulary", "vocabulary")) if getattr(args, o) is not None})
-    params = {} if args.input_scale is None else {"input_scale": args.input_scale}
-    common = dict(precisions=items(args.precisions, "--precisions"), steps=args.steps, vocab=args.vocab,
-                  dim=args.dim, optimizer=args.optimizer, lr=args.lr, seed=args.seed, lm=lm.to_json(),
-                  adversary_params=params)
-    # the teacher starts the lm cells; the adversaries' cells start at random (a WordPiece model's full
-    # table fits the lm vocabulary only)
-    grid = heads_grid(retractions=items(args.retractions, "--retractions"), teacher=args.teacher, **common)
-    reference = None
-    if args.reference != "none":
-        refuse_lm_reference(items(args.reference, "--reference"))
-        reference = heads_grid(retractions=items(args.retractions, "--retractions"), heads=("pit",),
-                               adversaries=items(args.reference, "--reference"), **common)
-    progress = False if args.no_progress else None
-    result = heads(args.out, grid, reference, workers=args.workers, force=args.force, progress=progress)
-    print(f"{'source':<26} {'precision':<11} {'head':<11} {'pinv_drift':>10} {'orthonorm.':>10} {'cond_T':>9} "
-          f"{'held-out loss':>16}")
-    for r in result["table"]:
-        loss = f"{r['first_heldout_loss']:.3f} -> {r['final_heldout_loss']:.3f}" if r["source"] == "lm" else "-"
-        print(f"{r['source']:<26} {r['precision']:<11} {r['head']:<11} {r['final_pinv_drift']:>10.3g} "
-              f"{r['final_orthonormality']:>10.3g} {r['final_cond_T']:>9.3g} {loss:>16}")
-    print(f"-> {Path(args.out) / 'heads.md'}")
-    return 0
-
-
-def add_heads_parser(sub) -> None:
-    from ..engine import OPTIMIZERS
-
-    h = sub.add_parser("heads", help="train the lm source with PIT (each retraction), tied and untied heads in "
-                       "each precision, beside an adversary's PIT cells: heads.md, heads.csv, heads.png")
-    h.add_argument("--precisions", default="fp32,bf16-mixed")
-    h.add_argument("--retractions", default="qr,cayley", help="PIT's retractions (comma-separated)")
-    h.add_argument("--reference", default="adaptive,dense_output+sparse_input",
-                   help="adversaries of the PIT reference cells (comma-separated; '+' sums models; not lm, which "
-                   "the lm cells run), or none")
-    h.add_argument("--steps", type=int, default=600)
-    h.add_argument("--vocab", type=int, default=1024)
-    h.add_argument("--dim", type=int, default=32)
-    h.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    h.add_argument("--lr", type=float, default=3e-3)
-    h.add_argument("--seed", type=int, default=0)
-    h.add_argument("--teacher", default="", metavar="FILE.npy|FILE.safetensors:TENSOR",
-                   help="start the lm cells' Z (and the baselines' tables) at this embedding's polar factor")
-    h.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
-    h.add_argument("--out", default="results/lm")
-    h.add_argument("--force", action="store_true", help="recompute every cell instead of resuming")
-    h.add_argument("--no-progress", action="store_true")
-    h.set_defaults(func=main_heads)
