@@ -263,6 +263,20 @@ def test_compare_max_cells_option(tmp_path, capsys):
     assert main(["compare", "--config", str(path), "--max-cells", "0", "--out", str(tmp_path / "o")]) == 2
 
 
+def test_compare_writes_under_the_working_directory_by_default(tmp_path, monkeypatch, capsys):
+    """Not into the package's repository (results/compare was the default)."""
+    from pitcheck.cli import main
+
+    text = TINY.replace('["qr", "cayley"]', '["qr"]').replace('["fp64", "fp32"]', '["fp64"]').replace(
+        "seed = [0, 1]", "seed = [0]").replace("steps = 60", "steps = 5")
+    path = grid_file(tmp_path, text)
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--config", str(path), "--workers", "1", "--no-progress"]) == 0
+    for name in ("summary.csv", "cost.csv", "report.md", "grid.json"):
+        assert (tmp_path / "pitcheck-out" / "compare" / name).is_file()
+    assert "-> pitcheck-out/compare/summary.csv" in capsys.readouterr().out
+
+
 def test_compare_refuses_to_write_into_a_run_directory(tmp_path, capsys):
     from pitcheck.cli import main
     from pitcheck.trajectory import RunConfig
