@@ -1,17 +1,18 @@
-"""Where the cells of a sweep run: a local process pool (the default) or a Ray cluster.
+"""Where tasks run: `map_tasks(fn, tasks, on_result)` calls a picklable top-level function on every task (a
+plain dict) in a local process pool (the default) or on a Ray cluster, and hands each result to
+`on_result` as it arrives. It knows nothing of what the tasks are (the sweep passes its `run_cell`).
 
-An executor takes a list of tasks (plain dicts, see sweep.py) and a function to call with each result as
-it arrives; it runs `sweep.run_cell` on every task. Both executors pin the BLAS and torch thread pools
-of every worker (one thread unless there are more cores than workers), so that workers sharing a machine
-do not fight over its cores, and so that every cell computes with the same thread count whichever
-executor ran it: that, and the cell's own seeded config, is what makes the results bit-identical.
+Both executors pin the BLAS and torch thread pools of every worker (one thread unless there are more
+cores than workers), so that workers sharing a machine do not fight over its cores, and so that every
+task computes with the same thread count whichever executor ran it: that, and each task's own seeded
+inputs, is what makes the results bit-identical.
 
 Nothing heavy is imported at the top: a spawned worker pins its threads before numpy or torch load.
 """
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import PitcheckError
 from .threads import THREAD_VARIABLES, available_cores, pin_threads, thread_env
@@ -19,15 +20,15 @@ from .threads import THREAD_VARIABLES, available_cores, pin_threads, thread_env
 EXECUTORS = ("local", "ray")
 
 
-# the sweep process that started this pool worker (None outside a local pool)
+# the process that started this pool worker (None outside a local pool)
 _POOL_PARENT: int | None = None
 
 
 def _die_with_parent(parent: int) -> None:
     """Linux: SIGTERM this worker when its parent dies (killed, even by SIGKILL), so that no orphan keeps
-    computing a cell, and holding its lock, after the sweep is gone; a run takes SIGTERM by committing its
-    step and stopping, so the next sweep resumes it. The signal is sent once: `_run_pinned` makes a worker
-    whose run took it exit instead of waiting forever for work from a dead parent."""
+    computing a task (a sweep's cell, holding its lock) after its parent is gone; a run takes SIGTERM by
+    committing its step and stopping, so the next sweep resumes it. The signal is sent once: `_run_pinned`
+    makes a worker whose run took it exit instead of waiting forever for work from a dead parent."""
     import signal
 
     try:
@@ -59,12 +60,10 @@ def _exit_if_orphaned() -> None:
         os._exit(1)
 
 
-def _run_pinned(task: dict, threads: int) -> dict:
+def _run_pinned(fn: Callable[[dict], Any], task: dict, threads: int) -> Any:
     pin_threads(threads)
-    from .sweep import run_cell
-
     try:
-        return run_cell(task)
+        return fn(task)
     finally:
         # the parent's death signal was spent on the run (which committed and stopped): leave now
         _exit_if_orphaned()
@@ -78,8 +77,9 @@ def check_workers(workers: int | None) -> int:
     return workers
 
 
-def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int | None = None) -> None:
-    """Run every task in a pool of worker processes (spawned: nothing of the parent's state is shared).
+def run_local(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[Any], None],
+              workers: int | None = None) -> None:
+    """Call fn on every task in a pool of worker processes (spawned: nothing of the parent's state is shared).
 
     Workers default to the cores this process may use; each gets cores // workers BLAS/torch threads
     (at least one). Even one worker is a separate process, pinned the same way, so that `--workers 1`
@@ -99,7 +99,7 @@ def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int
                                initializer=_init_local_worker, initargs=(threads, os.getpid()))
     pending: set = set()
     try:
-        pending = {pool.submit(_run_pinned, task, threads) for task in tasks}
+        pending = {pool.submit(_run_pinned, fn, task, threads) for task in tasks}
         for k, v in saved.items():  # the workers have started: the parent's own settings come back
             if v is None:
                 os.environ.pop(k, None)
@@ -112,7 +112,7 @@ def run_local(tasks: list[dict], on_result: Callable[[dict], None], workers: int
     except BaseException:
         for future in pending:
             future.cancel()
-        # a worker interrupted by the same Ctrl-C commits its step and stops (trajectory.run)
+        # a worker interrupted by the same Ctrl-C stops as its task lets it (a run commits its step)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
@@ -158,18 +158,13 @@ def _import_ray():
     return ray
 
 
-def needs_gpu(task: dict, cluster_gpus: bool) -> bool:
-    """A cell runs on CUDA when its device says cuda, or says auto on the torch backend where GPUs are."""
-    config = task.get("config", {})
-    device = str(config.get("device", "auto"))
-    return device.startswith("cuda") or (device == "auto" and config.get("backend") == "torch" and cluster_gpus)
-
-
-def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str | None = None,
-            workers: int | None = None) -> None:
-    """One Ray task per cell, on the cluster at `address` or, without one, on a local runtime started here
+def run_ray(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[Any], None],
+            address: str | None = None, workers: int | None = None,
+            needs_gpu: Callable[[dict, bool], bool] | None = None) -> None:
+    """One Ray task per task, on the cluster at `address` or, without one, on a local runtime started here
     (with `workers` CPUs, default every core). A runtime already initialised by the caller is used as it is.
-    Cells on CUDA request one GPU; every task runs with one BLAS/torch thread, as in the local pool.
+    A task for which needs_gpu(task, cluster_has_gpus) is true requests one GPU; every task runs with one
+    BLAS/torch thread, as in the local pool.
     """
     ray = _import_ray()
     started = False
@@ -192,8 +187,8 @@ def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str |
         remote = ray.remote(_run_pinned)
         env = {"env_vars": thread_env(1)}
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        refs = [remote.options(num_cpus=1, num_gpus=1 if needs_gpu(task, cluster_gpus) else 0, runtime_env=env,
-                               max_retries=0).remote(task, 1) for task in tasks]
+        refs = [remote.options(num_cpus=1, num_gpus=1 if needs_gpu and needs_gpu(task, cluster_gpus) else 0,
+                               runtime_env=env, max_retries=0).remote(fn, task, 1) for task in tasks]
         pending = refs
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
@@ -211,13 +206,17 @@ def run_ray(tasks: list[dict], on_result: Callable[[dict], None], address: str |
             ray.shutdown()
 
 
-def execute(executor: str, tasks: list[dict], on_result: Callable[[dict], None], workers: int | None = None,
-            address: str | None = None) -> None:
+def map_tasks(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[Any], None],
+              executor: str = "local", workers: int | None = None, address: str | None = None,
+              needs_gpu: Callable[[dict, bool], bool] | None = None) -> None:
+    """Call fn (a top-level function, so that workers can import it) on every task on `executor`, passing
+    each result to on_result in the order they finish. `needs_gpu(task, cluster_has_gpus)` says which
+    tasks ask Ray for a GPU (none without it); the local pool leaves devices to the tasks."""
     if executor == "local":
         if address:
             raise PitcheckError("--address names a Ray cluster: use it with --executor ray")
-        run_local(tasks, on_result, workers)
+        run_local(fn, tasks, on_result, workers)
     elif executor == "ray":
-        run_ray(tasks, on_result, address, workers)
+        run_ray(fn, tasks, on_result, address, workers, needs_gpu)
     else:
         raise PitcheckError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")

@@ -6,24 +6,57 @@ applied in low-rank form and never build the V x V skew matrix.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from .arrays import ops_for
 from .errors import PitcheckError
 
+
+@dataclass(frozen=True)
+class PlotStyle:
+    """How a retraction is drawn in every figure: its line colour and its marker."""
+    colour: str
+    marker: str
+
+
+@dataclass(frozen=True)
+class Retraction:
+    """One registered map: the function, how it is drawn, its place in tables and, for a map that does not
+    land on the manifold, why it is only approximate (None for a retraction)."""
+    name: str
+    fn: Callable
+    style: PlotStyle
+    table_order: int
+    approximate: str | None = None
+
+
+# name -> record, in registration order (the order error messages list the names in)
+RECORDS: dict[str, Retraction] = {}
+# name -> function, and name -> why it is approximate: views of RECORDS under the names callers use
 RETRACTIONS: dict[str, Callable] = {}
+# maps that are not retractions (they do not land on the manifold): run and benchmarked for comparison
+APPROXIMATE: dict[str, str] = {}
 
 
 class RetractionError(PitcheckError):
     """A retraction could not produce a point (breakdown, no convergence); recorded as an event."""
 
 
-def register(name: str):
+def register(name: str, colour: str, marker: str, table_order: int, approximate: str | None = None):
     def deco(fn):
+        RECORDS[name] = Retraction(name, fn, PlotStyle(colour, marker), table_order, approximate)
         RETRACTIONS[name] = fn
+        if approximate is not None:
+            APPROXIMATE[name] = approximate
         return fn
 
     return deco
+
+
+def in_table_order(names) -> list[str]:
+    """The registered names among `names`, in the order tables show them."""
+    return sorted((n for n in names if n in RECORDS), key=lambda n: RECORDS[n].table_order)
 
 
 def get_retraction(name: str) -> Callable:
@@ -43,13 +76,13 @@ def tangent_projection(Z, G, ops=None):
     return G - ops.matmul(Z, _sym(ops.matmul(Z.T, G)))
 
 
-@register("none")
+@register("none", "#7f7f7f", "x", table_order=12)
 def retract_none(Z, xi, ops=None):
     """Plain Euclidean step: nothing pulls Z back, so orthonormality drifts at second order."""
     return Z + xi
 
 
-@register("polar")
+@register("polar", "#2ca02c", "s", table_order=5)
 def retract_polar(Z, xi, ops=None):
     """Polar factor U V^T of Z + xi from a thin SVD: the nearest orthonormal matrix."""
     ops = ops or ops_for(Z)
@@ -57,7 +90,7 @@ def retract_polar(Z, xi, ops=None):
     return ops.matmul(U, Vt)
 
 
-@register("polar-gram")
+@register("polar-gram", "#17becf", "D", table_order=0)
 def retract_polar_gram(Z, xi, ops=None):
     """Y (Y^T Y)^{-1/2} with the D x D inverse square root from eigh of the Gram matrix."""
     ops = ops or ops_for(Z)
@@ -73,7 +106,7 @@ def retract_polar_gram(Z, xi, ops=None):
     return ops.matmul(Y, ops.matmul(Q / ops.sqrt(w), Q.T))
 
 
-@register("polar-ns")
+@register("polar-ns", "#bcbd22", "v", table_order=1)
 def retract_polar_ns(Z, xi, ops=None, max_iter: int = 50):
     """Newton-Schulz Y <- Y (3I - Y^T Y)/2 iterated to convergence (the polar factor of Z + xi).
 
@@ -155,7 +188,7 @@ def _chol_gram(Y, ops, name):
         raise RetractionError(f"{name}: Gram matrix not positive definite ({type(exc).__name__})") from None
 
 
-@register("qr")
+@register("qr", "#1f77b4", "o", table_order=4)
 def retract_qr(Z, xi, ops=None):
     """Q factor of Householder QR of Z + xi with signs fixed so diag(R) > 0 (unique, continuous)."""
     ops = ops or ops_for(Z)
@@ -163,7 +196,7 @@ def retract_qr(Z, xi, ops=None):
     return _scale_columns_into_row_major(Q, ops.sign_nonzero(ops.diag(R)))
 
 
-@register("cholqr")
+@register("cholqr", "#9467bd", "^", table_order=2)
 def retract_cholqr(Z, xi, ops=None):
     """Cholesky-QR: Y R^{-1} with R^T R = Y^T Y; cheap, but loses orthogonality like cond(Y)^2 u."""
     ops = ops or ops_for(Z)
@@ -173,7 +206,7 @@ def retract_cholqr(Z, xi, ops=None):
     return _contiguous(ops.solve_triangular(C, Y.T, lower=True).T)
 
 
-@register("cholqr2")
+@register("cholqr2", "#8c564b", "<", table_order=3)
 def retract_cholqr2(Z, xi, ops=None):
     """Cholesky-QR twice (Yamamoto et al. 2015): Y R1^{-1}, then the same for that result.
 
@@ -190,11 +223,10 @@ def retract_cholqr2(Z, xi, ops=None):
 
 # Muon's quintic Newton-Schulz coefficients (Jordan et al. 2024): fast, not convergent
 NS5_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-# maps that are not retractions (they do not land on the manifold): run and benchmarked for comparison
-APPROXIMATE = {"ns5": "Muon's 5 quintic Newton-Schulz steps leave singular values in about [0.7, 1.2]"}
 
 
-@register("ns5")
+@register("ns5", "#637939", "p", table_order=8,
+          approximate="Muon's 5 quintic Newton-Schulz steps leave singular values in about [0.7, 1.2]")
 def retract_ns5(Z, xi, ops=None, steps: int = 5):
     """APPROXIMATE, not a retraction: Muon-style orthogonalisation of Z + xi by 5 quintic Newton-Schulz
     steps X <- a X + b X (X^T X) + c X (X^T X)^2 with (a, b, c) = (3.4445, -4.7750, 2.0315), after
@@ -222,7 +254,7 @@ def _cayley_generator(Z, xi, ops):
     return xi - 0.5 * ops.matmul(Z, ops.matmul(Z.T, xi))
 
 
-@register("cayley")
+@register("cayley", "#d62728", "P", table_order=6)
 def retract_cayley(Z, xi, ops=None):
     """Exact Cayley transform in low-rank form: Z + U (I - V^T U / 2)^{-1} V^T Z, U = [g, Z], V = [Z, -g].
 
@@ -245,7 +277,7 @@ def retract_cayley(Z, xi, ops=None):
     return _add_products(Z, [(xi, K1), (Z, K2 - 0.5 * ops.matmul(A, K1))], ops)
 
 
-@register("cayley-iter")
+@register("cayley-iter", "#ff7f0e", "X", table_order=7)
 def retract_cayley_iter(Z, xi, ops=None, iterations: int = 2):
     """Li, Fuxin & Todorovic (2020) fixed-point Cayley: Y <- Z + W (Z + Y)/2, two iterations.
 
@@ -315,7 +347,8 @@ def polar_express_schedule(steps: int, safety: float = POLAR_EXPRESS_SAFETY) -> 
     return scaled[:steps] + [scaled[-1]] * (steps - len(scaled))
 
 
-@register("polar-express")
+@register("polar-express", "#8c6d31", "*", table_order=13,
+          approximate="5 Polar Express steps leave singular values in [1 - 0.124, 1 + 0.124]")
 def retract_polar_express(Z, xi, ops=None, steps: int = 5):
     """APPROXIMATE for the default 5 steps: Polar Express (arXiv 2505.16932, Algorithm 1) applied to
     Z + xi: scale by 1.01 ||Z + xi||_F, then X <- a_t X + X (b_t G + c_t G^2), G = X^T X, per step.
@@ -341,7 +374,8 @@ GRAM_NS_SAFETY = 1.05
 GRAM_NS_RESTARTS = (2,)
 
 
-@register("gram-ns")
+@register("gram-ns", "#843c39", "d", table_order=10,
+          approximate="Gram Newton-Schulz: 5 Polar Express steps (safety 1.05), the same band as polar-express")
 def retract_gram_ns(Z, xi, ops=None, steps: int = 5, restarts=GRAM_NS_RESTARTS):
     """APPROXIMATE: Gram Newton-Schulz on Z + xi, equal in exact arithmetic to the same polynomials
     applied by X <- X (a I + b G + c G^2), but with every iteration on D x D matrices.
@@ -401,7 +435,7 @@ def _gaussian_sketch(k: int, V: int, like, ops):
     return S
 
 
-@register("rcqr")
+@register("rcqr", "#e377c2", ">", table_order=14)
 def retract_rcqr(Z, xi, ops=None, oversample: float = RCQR_OVERSAMPLE):
     """Randomized Cholesky QR of Y = Z + xi: QR of the k x D sketch S Y (k = ceil(1.25 D)) gives R1
     with Y R1^{-1} well conditioned (S is a subspace embedding), then one Cholesky-QR pass. R1's rows
@@ -431,7 +465,7 @@ def retract_rcqr(Z, xi, ops=None, oversample: float = RCQR_OVERSAMPLE):
 SHIFTED_CHOLQR_CONSTANT = 11
 
 
-@register("cholqr3-shifted")
+@register("cholqr3-shifted", "#393b79", "h", table_order=9)
 def retract_cholqr3_shifted(Z, xi, ops=None):
     """Shifted Cholesky QR3: Y R1^{-1} with R1^T R1 = Y^T Y + s I, then Cholesky-QR twice (cholqr2).
 
@@ -462,7 +496,8 @@ LANDING_ATTRACTION = 1.0
 LANDING_STEP = 0.5
 
 
-@register("landing")
+@register("landing", "#7b4173", "8", table_order=11,
+          approximate="retraction-free: ||Z^T Z - I||_F settles near ||xi||_F^2 / (2 lambda eta), never 0")
 def retract_landing(Z, xi, ops=None, attraction: float = LANDING_ATTRACTION, step: float = LANDING_STEP):
     """APPROXIMATE, not a retraction: the landing update Z + xi - eta lambda grad N(Z), with
     N(Z) = ||Z^T Z - I||_F^2 / 4, grad N(Z) = Z (Z^T Z - I), lambda = `attraction`, eta = `step`.
@@ -484,9 +519,3 @@ def retract_landing(Z, xi, ops=None, attraction: float = LANDING_ATTRACTION, ste
     E = _sym(ops.matmul(Z.T, Z)) - ops.eye(Z.shape[1], like=Z)
     return _add_products(Z + xi, [(Z, -mu * E)], ops)
 
-
-APPROXIMATE.update({
-    "polar-express": "5 Polar Express steps leave singular values in [1 - 0.124, 1 + 0.124]",
-    "gram-ns": "Gram Newton-Schulz: 5 Polar Express steps (safety 1.05), the same band as polar-express",
-    "landing": "retraction-free: ||Z^T Z - I||_F settles near ||xi||_F^2 / (2 lambda eta), never 0",
-})

@@ -1,4 +1,5 @@
-"""pitcheck.executors: the local pool keeps every core busy with pinned threads; Ray gives identical results."""
+"""pitcheck.executors: any function over any tasks; the local pool keeps every core busy with pinned threads;
+Ray gives identical results."""
 from __future__ import annotations
 
 import builtins
@@ -11,6 +12,7 @@ import pytest
 from pitcheck import executors
 from pitcheck import sweep as sw
 from pitcheck.errors import PitcheckError
+from pitcheck.sweep.cells import needs_gpu
 
 GRID = """
 steps = 40
@@ -35,6 +37,20 @@ def cells_text(out: Path) -> dict:
             if p.is_file() and p.name != ".lock"}
 
 
+def square_in_worker(task: dict) -> dict:
+    """A task that is no sweep's: the executor knows only that it is a picklable top-level function."""
+    return {"x": task["x"], "square": task["x"] ** 2, "pid": os.getpid(),
+            "threads": os.environ.get("OPENBLAS_NUM_THREADS")}
+
+
+def test_map_tasks_runs_any_function_over_any_tasks_in_pinned_workers():
+    results = []
+    executors.map_tasks(square_in_worker, [{"x": x} for x in range(5)], results.append, workers=2)
+    assert sorted((r["x"], r["square"]) for r in results) == [(x, x * x) for x in range(5)]
+    assert os.getpid() not in {r["pid"] for r in results}
+    assert {r["threads"] for r in results} == {str(max(1, executors.available_cores() // 2))}
+    executors.map_tasks(square_in_worker, [], results.append)  # nothing to do: no pool, no result
+    assert len(results) == 5
 
 
 def test_thread_pinning_environment():
@@ -70,9 +86,9 @@ def test_one_worker_computes_what_two_compute(tmp_path):
 
 def test_bad_executor_options(tmp_path, monkeypatch):
     with pytest.raises(PitcheckError, match="unknown executor 'dask'"):
-        executors.execute("dask", [], lambda r: None)
+        executors.map_tasks(square_in_worker, [], lambda r: None, executor="dask")
     with pytest.raises(PitcheckError, match="--address names a Ray cluster"):
-        executors.execute("local", [], lambda r: None, address="ray://x:10001")
+        executors.map_tasks(square_in_worker, [], lambda r: None, address="ray://x:10001")
     real_import = builtins.__import__
 
     def no_ray(name, *args, **kwargs):
@@ -82,7 +98,7 @@ def test_bad_executor_options(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(PitcheckError, match=r"needs Ray: pip install 'pitcheck\[ray\]'"):
-        executors.execute("ray", [{"name": "x"}], lambda r: None)
+        executors.map_tasks(square_in_worker, [{"name": "x"}], lambda r: None, executor="ray")
 
 
 def test_ray_gives_the_local_pool_s_results_bit_for_bit(tmp_path):
@@ -104,11 +120,11 @@ def test_ray_gives_the_local_pool_s_results_bit_for_bit(tmp_path):
 
 def test_cells_on_cuda_request_a_gpu():
     torch_auto = {"config": {"device": "auto", "backend": "torch"}}
-    assert executors.needs_gpu(torch_auto, cluster_gpus=True)
-    assert not executors.needs_gpu(torch_auto, cluster_gpus=False)
-    assert not executors.needs_gpu({"config": {"device": "auto", "backend": "numpy"}}, cluster_gpus=True)
-    assert executors.needs_gpu({"config": {"device": "cuda", "backend": "torch"}}, cluster_gpus=False)
-    assert not executors.needs_gpu({"config": {"device": "cpu", "backend": "torch"}}, cluster_gpus=True)
+    assert needs_gpu(torch_auto, cluster_gpus=True)
+    assert not needs_gpu(torch_auto, cluster_gpus=False)
+    assert not needs_gpu({"config": {"device": "auto", "backend": "numpy"}}, cluster_gpus=True)
+    assert needs_gpu({"config": {"device": "cuda", "backend": "torch"}}, cluster_gpus=False)
+    assert not needs_gpu({"config": {"device": "cpu", "backend": "torch"}}, cluster_gpus=True)
 
 
 def _closed_port() -> int:

@@ -12,6 +12,7 @@ import pytest
 
 from pitcheck import sweep as sw
 from pitcheck.errors import PitcheckError
+from pitcheck.sweep.summary import growth_exponent
 from pitcheck.trajectory import run
 
 TINY = """
@@ -52,7 +53,7 @@ def test_builtin_grids_load_and_cover_what_the_issue_asks():
     assert len(sw.cells(default)) == len(established) * 7 * 2 * 3
     # issue 20's grid: every map but the plain step (approximate ones included, to show what they cost)
     # x fp32, bf16, bf16-mixed x the two gradient models, at V/D = 16 and 256
-    frontier = sw.load_grid(str(Path(sw.__file__).parent / "grids" / "frontier.toml"))
+    frontier = sw.load_grid(str(Path(sw.__file__).parents[1] / "grids" / "frontier.toml"))
     assert set(frontier.axes["retraction"]) == set(RETRACTIONS) - {"none"}
     assert set(APPROXIMATE) < set(frontier.axes["retraction"])
     assert set(frontier.axes["precision"]) == {"fp32", "bf16", "bf16-mixed"}
@@ -119,16 +120,16 @@ def test_growth_fit_recovers_exponents_and_their_uncertainty():
     steps = np.unique(np.round(np.logspace(0, 4, 41)).astype(int))
     for exponent in (0.0, 0.5, 1.0):
         runs = [_rows(c * steps**exponent, steps) for c in (1e-7, 3e-7)]  # one intercept per seed
-        slope, err = sw.growth_fit(runs, 10**4)
+        slope, err = growth_exponent(runs, 10**4)
         assert slope == pytest.approx(exponent, abs=1e-9) and err < 1e-9
     rng = np.random.default_rng(0)
     noisy = [_rows(1e-7 * steps**0.5 * np.exp(0.1 * rng.standard_normal(len(steps))), steps) for _ in range(3)]
-    slope, err = sw.growth_fit(noisy, 10**4)
+    slope, err = growth_exponent(noisy, 10**4)
     assert abs(slope - 0.5) < 4 * err and 0.005 < err < 0.1
     # only the second half on the log axis counts: an early transient does not
     early = _rows(np.where(steps < 100, 1e-9 * steps**2.0, 1e-5), steps)
-    assert sw.growth_fit([early], 10**4)[0] == pytest.approx(0.0, abs=1e-12)
-    assert math.isnan(sw.growth_fit([_rows([1e-7, 1e-7], [0, 1])], 1)[0])
+    assert growth_exponent([early], 10**4)[0] == pytest.approx(0.0, abs=1e-12)
+    assert math.isnan(growth_exponent([_rows([1e-7, 1e-7], [0, 1])], 1)[0])
 
 
 def test_storage_floors_match_the_handbook():
@@ -243,7 +244,7 @@ def test_a_huge_grid_is_refused_from_its_axes_lengths_without_enumerating(tmp_pa
     seeds = list(range(1000))
     text = f"[axes]\nseed = {seeds}\nlr = {[0.001 * (k + 1) for k in range(1000)]}\n"
     enumerated = []
-    monkeypatch.setattr(sw, "cells", lambda grid: enumerated.append(grid) or [])
+    monkeypatch.setattr(sw.grid, "configs", lambda grid: enumerated.append(grid) or [])
     with pytest.raises(PitcheckError, match="1000000 cells, more than the limit of 10000"):
         sw.load_grid(grid_file(tmp_path, text))
     assert not enumerated
@@ -260,6 +261,20 @@ def test_compare_max_cells_option(tmp_path, capsys):
     assert "8 cells, more than the limit of 7" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert main(["compare", "--config", str(path), "--max-cells", "0", "--out", str(tmp_path / "o")]) == 2
+
+
+def test_compare_writes_under_the_working_directory_by_default(tmp_path, monkeypatch, capsys):
+    """Not into the package's repository (results/compare was the default)."""
+    from pitcheck.cli import main
+
+    text = TINY.replace('["qr", "cayley"]', '["qr"]').replace('["fp64", "fp32"]', '["fp64"]').replace(
+        "seed = [0, 1]", "seed = [0]").replace("steps = 60", "steps = 5")
+    path = grid_file(tmp_path, text)
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--config", str(path), "--workers", "1", "--no-progress"]) == 0
+    for name in ("summary.csv", "cost.csv", "report.md", "grid.json"):
+        assert (tmp_path / "pitcheck-out" / "compare" / name).is_file()
+    assert "-> pitcheck-out/compare/summary.csv" in capsys.readouterr().out
 
 
 def test_compare_refuses_to_write_into_a_run_directory(tmp_path, capsys):

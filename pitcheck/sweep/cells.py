@@ -1,0 +1,141 @@
+"""A sweep's cells: one run directory each under DIR/cells/, named by its config; running (or resuming)
+one in a worker and timing its step; telling a finished one from one still to compute."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PitcheckError
+from ..gradients import parse_adversary
+from ..policy import get_policy
+from ..rundir import read_events, read_manifest, read_metrics, write_atomic
+from ..trajectory import RunBreakdown, RunConfig, initial_state, make_engine, run
+from .grid import Grid, adversary_label, configs
+
+COST_STEPS, COST_WARMUP = 20, 3
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    config: RunConfig
+    group: tuple  # the summary row this cell belongs to (every axis but the seed)
+
+
+def cell_name(config) -> str:
+    """The axes in words, then 8 hex digits of the whole config but its length and device."""
+    d = config.to_json()
+    for k in ("steps", "device"):
+        d.pop(k)
+    digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+    retraction = config.retraction if config.head == "pit" else "none"
+    return (f"{config.precision}-{retraction}-{adversary_label(config.adversary)}-{config.head}-"
+            f"{config.vocab}x{config.dim}-{config.optimizer}-lr{config.lr:g}-seed{config.seed}-{digest}")
+
+
+
+def cells(grid: Grid) -> list[Cell]:
+    """Every cell of the grid, in axis order; baseline heads (no retraction) appear once per precision."""
+    out, seen = [], set()
+    for a, config in configs(grid):
+        name = cell_name(config)
+        if name in seen:
+            continue
+        seen.add(name)
+        group = (a["retraction"] if a["head"] == "pit" else "-", a["precision"], a["adversary"], a["optimizer"],
+                 a["lr"], a["head"], config.vocab, config.dim)
+        out.append(Cell(name, config, group))
+    return out
+
+
+def cell_dir(out: Path, cell: Cell) -> Path:
+    return out / "cells" / cell.name
+
+
+def cost_path(out: Path, cell: Cell) -> Path:
+    return out / "costs" / f"{cell.name}.json"
+
+
+def finished(out: Path, cell: Cell) -> bool:
+    """True when the cell's directory holds this very run to its last step (or to its breakdown) and its
+    cost was measured: nothing to compute. Anything else is left to the run, which resumes or refuses."""
+    d = cell_dir(out, cell)
+    if not (d / "manifest.json").is_file() or not cost_path(out, cell).is_file():
+        return False
+    if (d / "commit.json.tmp").exists() or any(d.glob("*.staged")):
+        return False  # a cut commit: the run's store finishes or discards it
+    try:
+        theirs = read_manifest(d / "manifest.json")["config"]
+        mine = cell.config.to_json()
+        if any(theirs.get(k) != v for k, v in mine.items() if k != "device"):
+            return False
+        rows = read_metrics(d / "metrics.csv")
+        events = read_events(d / "events.jsonl")
+    except PitcheckError:
+        return False
+    if not rows:
+        return False
+    return rows[-1]["step"] == cell.config.steps or bool(events and events[-1]["event"] == "breakdown")
+
+
+
+def time_steps(config, steps: int = COST_STEPS, warmup: int = COST_WARMUP) -> float:
+    """Milliseconds per optimizer step of this cell's model alone (retraction included; no shadow, no
+    metrics, gradients drawn beforehand): the median over `steps` timed steps after `warmup`."""
+    engine = make_engine(config, config.backend, get_policy(config.precision), config.device)
+    engine.initialise(*initial_state(config))
+    names = parse_adversary(config.adversary)
+    grads = [engine.gradients([n for n in names if n != "adaptive"] or ["gaussian"], config.seed, k,
+                              config.adversary_params) for k in range(steps + warmup)]
+    times = []
+    sync = None
+    if engine.backend == "torch" and engine.device.startswith("cuda"):
+        import torch  # loaded already by the torch backend's engine; only CUDA cells get here
+
+        sync = torch.cuda.synchronize
+    for k, g in enumerate(grads):
+        t0 = time.perf_counter()
+        engine.step(g, k)
+        if sync:
+            sync()
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
+def run_cell(task: dict) -> dict:
+    """Run (or resume) one cell and time its step; never raises for the cell's own failures."""
+    config = RunConfig.from_json(task["config"])
+    result = {"name": task["name"], "status": "done", "error": None, "seconds": 0.0}
+    t0 = time.perf_counter()
+    try:
+        try:
+            # a cell not yet begun has no directory: it starts; one that has, resumes
+            run(config, task["dir"], resume=not task["force"] and Path(task["dir"]).exists(), progress=False,
+                force=task["force"])
+        except RunBreakdown:
+            result["status"] = "breakdown"
+        seconds = time.perf_counter() - t0
+        ms = time_steps(config)
+        cost = {"ms_per_step": ms, "run_seconds": seconds, "pid": os.getpid(), "host": platform.node()}
+        write_atomic(task["cost"], (json.dumps(cost, indent=1) + "\n").encode())
+    except PitcheckError as exc:
+        result.update(status="error", error=str(exc))
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+
+
+def needs_gpu(task: dict, cluster_gpus: bool) -> bool:
+    """A cell runs on CUDA when its device says cuda, or says auto on the torch backend where GPUs are."""
+    config = task.get("config", {})
+    device = str(config.get("device", "auto"))
+    return device.startswith("cuda") or (device == "auto" and config.get("backend") == "torch" and cluster_gpus)

@@ -1,0 +1,135 @@
+"""Running a sweep: every cell not yet finished, through an executor, then the summary and the record of
+how long it took (timing.json, every invocation that computed something)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..errors import PitcheckError
+from ..executors import EXECUTORS, check_workers, map_tasks
+from ..rundir import COMMIT, RUN_FILES, check_out_path, write_atomic
+from .cells import cell_dir, cells, cost_path, finished, needs_gpu, run_cell
+from .grid import Grid
+from .summary import cost_csv, summarise, summary_csv
+
+
+class SweepProgress:
+    """cells done/total and the ETA, on one line of stderr (only on a terminal)."""
+
+    def __init__(self, total: int, done: int, enabled: bool | None = None):
+        self.total, self.done, self.start_done = total, done, done
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.t0 = time.monotonic()
+
+    def draw(self, last: str = "") -> None:
+        if not self.enabled:
+            return
+        frac = self.done / self.total if self.total else 1.0
+        computed = self.done - self.start_done
+        elapsed = time.monotonic() - self.t0
+        if computed and self.done < self.total:
+            eta = _hms(elapsed / computed * (self.total - self.done))
+        else:
+            eta = "--:--" if self.done < self.total else _hms(elapsed)
+        label = "ETA" if self.done < self.total else "took"
+        line = f"\rcompare [{'#' * int(30 * frac):<30}] {self.done}/{self.total} cells  {label} {eta}  {last.rsplit('-', 1)[0][:60]}"
+        sys.stderr.write(line.ljust(130))
+        if self.done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def advance(self, name: str) -> None:
+        self.done += 1
+        self.draw(name)
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | None = None,
+          address: str | None = None, force: bool = False, progress: bool | None = None) -> dict:
+    """Run every cell of the grid that is not finished (all of them with `force`), then summarise.
+
+    Returns {"rows": summary rows, "cells": n, "computed": n, "wall_seconds": s, "cell_seconds": s,
+    "errors": [...]}. A cell that breaks down is a result (its row says so); a cell that cannot run at
+    all (a directory it must not touch, say) is an error, and the sweep raises after the others finish.
+    """
+    if executor not in EXECUTORS:
+        raise PitcheckError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    if workers is not None:
+        check_workers(workers)
+    if executor == "local" and address:
+        raise PitcheckError("--address names a Ray cluster: use it with --executor ray")
+    out = check_out_path(out)
+    check_sweep_dir(out)
+    all_cells = cells(grid)
+    todo = all_cells if force else [c for c in all_cells if not finished(out, c)]
+    try:
+        (out / "cells").mkdir(parents=True, exist_ok=True)
+        (out / "costs").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise PitcheckError(f"cannot create {out}: {exc.strerror or exc}") from None
+    write_atomic(out / "grid.json", (json.dumps(grid.to_json(), indent=1) + "\n").encode())
+    tasks = [{"name": c.name, "config": c.config.to_json(), "dir": str(cell_dir(out, c)),
+              "cost": str(cost_path(out, c)), "force": force} for c in todo]
+    bar = SweepProgress(len(all_cells), len(all_cells) - len(todo), progress)
+    bar.draw()
+    results = []
+
+    def on_result(result: dict) -> None:
+        results.append(result)
+        bar.advance(result["name"])
+
+    t0 = time.perf_counter()
+    try:
+        map_tasks(run_cell, tasks, on_result, executor, workers=workers, address=address, needs_gpu=needs_gpu)
+    except KeyboardInterrupt:
+        bar.enabled and sys.stderr.write("\n")
+        raise PitcheckError(f"interrupted with {bar.done} of {bar.total} cells finished; each running cell saved "
+                            "its last step: the same command resumes the sweep") from None
+    wall = time.perf_counter() - t0
+    errors = [r for r in results if r["status"] == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more cells)" if len(errors) > 1 else ""
+        raise PitcheckError(f"cell {errors[0]['name']}: {errors[0]['error']}{more}")
+    rows = summarise(out, grid, all_cells)
+    write_atomic(out / "summary.csv", summary_csv(rows))
+    write_atomic(out / "cost.csv", cost_csv(rows))
+    used = min(check_workers(workers), max(1, len(todo))) if executor == "local" else (workers or "cluster's")
+    timing = {"executor": executor, "workers": used, "cells": len(all_cells), "computed": len(todo),
+              "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
+    # every invocation that computed something, in order: a re-render reports them too
+    history = read_timing(out)
+    if todo:
+        history.append(dict(timing))
+        write_atomic(out / "timing.json", (json.dumps({"computations": history}, indent=1) + "\n").encode())
+    timing["computations"] = history
+    return {"rows": rows, **timing}
+
+
+def check_sweep_dir(out: Path) -> None:
+    """Refuse to sweep into a `pitcheck run` directory (a run's files and no grid.json): the sweep's files
+    would be written among the run's."""
+    if (out / "grid.json").exists():
+        return
+    found = [n for n in (*RUN_FILES, COMMIT) if (out / n).exists()]
+    if found:
+        raise PitcheckError(f"--out {out} holds a pitcheck run ({', '.join(found)}), not a sweep: choose another "
+                            "--out for compare")
+
+
+def read_timing(out: Path) -> list[dict]:
+    """The computations recorded in out/timing.json (an older single record counts as one)."""
+    try:
+        data = json.loads((out / "timing.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if isinstance(data, dict) and isinstance(data.get("computations"), list):
+        return [c for c in data["computations"] if isinstance(c, dict)]
+    return [data] if isinstance(data, dict) and "wall_seconds" in data else []
+

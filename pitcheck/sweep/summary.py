@@ -1,0 +1,168 @@
+"""A sweep's summary: one row per group of cells that differ only in the seed (final error, growth
+exponent, storage floor, drift and its bound, events), summary.csv and cost.csv, and reading them back."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..formats import FORMATS, round_to
+from ..metrics import orthonormality_loss
+from ..policy import get_policy
+from ..rundir import read_events, read_metrics
+from ..stats import growth_fit
+from .cells import Cell, cell_dir, cost_path
+from .grid import Grid
+
+# a row's key: what its cells share (they differ only in the seed)
+KEY_COLUMNS = ["retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "steps", "seeds"]
+# summary.csv: computed values only, so the same grid gives the same bytes whichever executor ran it
+SUMMARY_COLUMNS = KEY_COLUMNS + [
+    "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
+    "growth_exponent", "growth_exponent_err", "final_pinv_drift", "drift_bound", "max_cond_T", "shadow_Z",
+    "floor", "error_over_floor", "events", "failed_retractions", "breakdowns", "breakdowns_T",
+]
+# cost.csv: measured times, which no rerun repeats (median over seeds; min and max beside it)
+COST_COLUMNS = KEY_COLUMNS + ["ms_per_step", "ms_per_step_min", "ms_per_step_max", "hosts"]
+# a breakdown of T (L's diagonal at 0: T singular) comes from the gradients and the learning rate, not from
+# the retraction, which only moves Z
+T_BREAKDOWN = ("L's diagonal", "T = L L^T")
+FLOOR_SAMPLES = 3
+
+
+def storage_floor(precision: str, vocab: int, dim: int) -> float:
+    """||Q^T Q - I||_F of an exactly orthonormal V x D Q rounded to the format Z is stored in (median of
+    FLOOR_SAMPLES seeded Q's): no retraction can keep Z closer to the manifold than this."""
+    fmt = FORMATS[get_policy(precision).storage]
+    values = []
+    for seed in range(FLOOR_SAMPLES):
+        rng = np.random.default_rng([seed, vocab, dim, 7])
+        Q, R = np.linalg.qr(rng.standard_normal((vocab, dim)))
+        Q = Q * np.where(np.diag(R) < 0, -1.0, 1.0)
+        values.append(orthonormality_loss(Q if fmt.name == "fp64" else round_to(Q, fmt)))
+    return float(np.median(values))
+
+
+
+def median(values) -> float:
+    """The median of the finite values; NaN when there are none."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.median(vals)) if vals else float("nan")
+
+
+def growth_exponent(runs: list[list[dict]], steps: int) -> tuple[float, float]:
+    """The growth exponent of ||Z^T Z - I||_F and its standard error, fitted over steps sqrt(N)..N: the
+    second half of the run on the log-step axis the records are spaced on, past the start-up transient."""
+    return growth_fit(runs, first_step=math.sqrt(steps))
+
+
+def breaks_T(event: dict) -> bool:
+    """Whether a breakdown event is T's (L's diagonal at 0), told by its reason: the run directories
+    already written (results/ included) record no other field that says which factor broke."""
+    return event["event"] == "breakdown" and any(t in event.get("reason", "") for t in T_BREAKDOWN)
+
+
+def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
+    """One row per group of cells that differ only in the seed."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in all_cells:
+        groups.setdefault(c.group, []).append(c)
+    floors: dict[tuple, float] = {}
+    rows = []
+    for group, members in groups.items():
+        retraction, precision, adversary, optimizer, lr, head, vocab, dim = group
+        runs, events, costs, hosts, broke, failed, broke_T = [], 0, [], set(), 0, 0, 0
+        for c in members:
+            runs.append(read_metrics(cell_dir(out, c) / "metrics.csv"))
+            evs = read_events(cell_dir(out, c) / "events.jsonl")
+            events += sum(1 for e in evs if e["event"] not in ("threshold_crossed", "breakdown"))
+            broke += any(e["event"] == "breakdown" for e in evs)
+            broke_T += any(breaks_T(e) for e in evs)
+            failed += sum(1 for e in evs if e["event"] == "retraction_failed")
+            try:
+                cost = json.loads(cost_path(out, c).read_text())
+                costs.append(float(cost["ms_per_step"]))
+                hosts.add(str(cost.get("host", "")))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        finals = [r[-1]["orthonormality"] for r in runs]
+        key = (get_policy(precision).storage, vocab, dim)
+        if key not in floors:
+            floors[key] = storage_floor(precision, vocab, dim)
+        slope, err = growth_exponent(runs, grid.steps)
+        policy = get_policy(precision)
+        factor_u = FORMATS[policy.factor].u
+        bounds = [r[-1]["cond_T"] * (r[-1]["orthonormality"] + factor_u) for r in runs]
+        row = {
+            "retraction": retraction, "precision": precision, "adversary": adversary, "optimizer": optimizer,
+            "lr": lr, "head": head, "vocab": vocab, "dim": dim, "steps": grid.steps, "seeds": len(members),
+            "final_orthonormality": median(finals),
+            "final_orthonormality_min": min(finals), "final_orthonormality_max": max(finals),
+            "max_orthonormality": max(x["orthonormality"] for r in runs for x in r),
+            "growth_exponent": slope, "growth_exponent_err": err,
+            "final_pinv_drift": median(r[-1]["pinv_drift"] for r in runs),
+            "drift_bound": median(bounds),
+            "max_cond_T": max(x["cond_T"] for r in runs for x in r),
+            "shadow_Z": median(r[-1]["shadow_Z"] for r in runs),
+            "ms_per_step": median(costs),
+            "ms_per_step_min": min(costs, default=float("nan")), "ms_per_step_max": max(costs, default=float("nan")),
+            "hosts": " ".join(sorted(h for h in hosts if h)),
+            "floor": floors[key],
+            "events": events, "failed_retractions": failed, "breakdowns": broke, "breakdowns_T": broke_T,
+        }
+        row["error_over_floor"] = row["final_orthonormality"] / row["floor"]
+        rows.append(row)
+    return rows
+
+
+
+def _cell_text(value) -> str:
+    if isinstance(value, float):
+        return "" if not math.isfinite(value) else repr(value)
+    return str(value)
+
+
+def summary_csv(rows: list[dict], columns: list[str] = SUMMARY_COLUMNS) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for row in rows:
+        w.writerow([_cell_text(row[k]) for k in columns])
+    return buf.getvalue().encode()
+
+
+def cost_csv(rows: list[dict]) -> bytes:
+    return summary_csv(rows, COST_COLUMNS)
+
+
+def _read_rows(path: Path) -> list[dict]:
+    rows = []
+    for raw in csv.DictReader(io.StringIO(path.read_text())):
+        row = {}
+        for k, v in raw.items():
+            if k in ("retraction", "precision", "adversary", "optimizer", "head", "hosts"):
+                row[k] = v
+            elif k in ("vocab", "dim", "steps", "seeds", "events", "failed_retractions", "breakdowns", "breakdowns_T"):
+                row[k] = int(v)
+            else:
+                row[k] = float(v) if v else float("nan")
+        rows.append(row)
+    return rows
+
+
+def read_summary(path: Path | str) -> list[dict]:
+    """summary.csv's rows, each joined with its cost.csv row (same key) when that file is beside it."""
+    path = Path(path)
+    rows = _read_rows(path)
+    cost_file = path.with_name("cost.csv")
+    if cost_file.is_file():
+        costs = {tuple(r[k] for k in KEY_COLUMNS): r for r in _read_rows(cost_file)}
+        for row in rows:
+            row.update(costs.get(tuple(row[k] for k in KEY_COLUMNS), {}))
+    return rows
+
+
