@@ -24,7 +24,7 @@ from .gradients import AdversaryParams, parse_adversary
 from .plotting import pyplot, save_figure
 from .policy import get_policy
 from .reference import random_memory
-from .retractions import APPROXIMATE, RETRACTIONS, tangent_projection
+from .retractions import APPROXIMATE, RETRACTIONS, in_table_order, tangent_projection
 from .rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
 from .threads import pin_threads
 from .trajectory import RunConfig, available_memory, check_memory, initial_state, make_engine, recorded_steps
@@ -330,8 +330,7 @@ def check_targets(results: list[dict], tracking: list[dict]) -> list[dict]:
 
 # ---------------------------------------------------------------- output
 
-# the retraction columns' display order (retractions not listed follow, sorted), then the peers'
-COLUMN_ORDER = ["polar-gram", "polar-ns", "cholqr", "cholqr2", "qr", "polar", "cayley", "cayley-iter", "ns5"]
+# the retraction columns come in the registry's table order (retractions.in_table_order); the peers' order:
 PEER_ORDER = ["torch householder", "geoopt QR", "geoopt Cayley", "geotorch"]
 
 
@@ -339,8 +338,9 @@ def table(doc: dict) -> str:
     """Markdown: one row per shape, ratios to the GEMM floor; peers and steps after the retractions."""
     res = doc["results"]
     shapes = sorted({(r["vocab"], r["dim"]) for r in res}, key=lambda s: (s[1], s[0]))
-    names = [n for n in COLUMN_ORDER if any(r["retraction"] == n for r in res)]
-    names += sorted({r["retraction"] for r in res if r["kind"] == "retraction"} - set(names))
+    timed = {r["retraction"] for r in res if r["kind"] == "retraction"}
+    names = in_table_order(timed)
+    names += sorted(timed - set(names))  # a name the registry does not know (an older bench.json) goes last
     peers = sorted({r["retraction"] for r in res if r["kind"] == "peer"},
                    key=lambda n: PEER_ORDER.index(n) if n in PEER_ORDER else 9)
     steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics")}, key=lambda n: (n == "metrics", n))
