@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ..errors import PitcheckError
-from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, check_options, parse_checks
+from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, check_options, parse_checks, validate
 
 
 def pytest_addoption(parser) -> None:
@@ -55,8 +55,6 @@ class ValidationCache:
         self.config, self.results = config, {}
 
     def get(self, target: str, dtype: str):
-        from .api import validate
-
         key = (target, dtype)
         if key not in self.results:
             opt = self.config.getoption
