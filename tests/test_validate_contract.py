@@ -9,7 +9,8 @@ import torch
 
 from pitcheck.validate import probes
 from pitcheck.validate.checks import Context, judge
-from pitcheck.validate.target import UNIT_ROUNDOFF, build
+from pitcheck.validate.dtypes import UNIT_ROUNDOFF
+from pitcheck.validate.target import build
 
 V, D = 128, 8
 

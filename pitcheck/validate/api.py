@@ -11,7 +11,8 @@ from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_c
 from .isolation import TargetRun, run_isolated
 from .result import ValidationResult
 from .probes import describe_exception, load_probe
-from .target import DTYPES, UNIT_ROUNDOFF, TargetError, describe_callable
+from .dtypes import DTYPES, UNIT_ROUNDOFF
+from .target import describe_callable
 from .worker import PhaseLog, collect
 
 DEFAULT_VOCAB, DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT = 2048, 32, 200, 300.0

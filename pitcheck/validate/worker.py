@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..threads import set_torch_threads
+from .dtypes import HALF
 from .probes import PROBES, Harness, Probe, TargetFault, describe_exception, gradient_path_breach, save_probe
 from .target import build, load_factory, resolve_device
 
@@ -44,9 +45,10 @@ def collect(factory, request: dict, out: Path, log) -> None:
         module = build(factory, V, D, dt, device, sd)
         return Harness(module, V, D, getattr(torch, dt), device, sd)
 
-    def widest(only_for=("bfloat16", "float16", "float32")):
-        """The same target in float64 (finite differences, shadow); None when it cannot be built."""
-        if dtype not in only_for:
+    def widest(half_only=False):
+        """The same target in float64 (finite differences, shadow) for a narrower dtype under test; None
+        when it cannot be built."""
+        if dtype == "float64" or (half_only and dtype not in HALF):
             return None
         try:
             return harness("float64")
@@ -62,7 +64,7 @@ def collect(factory, request: dict, out: Path, log) -> None:
             extra = {"generic_cond": request["generic_cond"]}
             if name == "gradients":
                 # finite differences resolve a derivative in fp32 and fp64, not in half precision
-                extra["fd_harness"] = widest(only_for=("bfloat16", "float16"))
+                extra["fd_harness"] = widest(half_only=True)
             elif name == "trajectory":
                 extra["steps"] = request["steps"]
                 extra["shadow"] = widest()
