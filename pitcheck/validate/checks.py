@@ -597,6 +597,10 @@ CHECKS = {
 
 
 def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
+    """The verdict of check `name` on what the target's process recorded for it (`probe`), in units of
+    `ctx`. A probe that stopped on an exception fails the target when the target raised or breached its
+    contract, and is an error when pitcheck's own probe stopped with no breach found; otherwise
+    CHECKS[name] judges the values, and values without the structure it needs fail."""
     if "error" in probe.facts:
         f = probe.facts
         where = f" at {f['where']}" if f.get("where") else ""
