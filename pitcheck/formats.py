@@ -35,6 +35,11 @@ class Format:
     has_nan: bool = True
     # largest finite value; None means the IEEE value (2 - 2^(1-p)) 2^emax
     max_finite: float | None = None
+    # the dtype of this format by its name in torch (also the validator's --dtype name: its targets are
+    # torch modules) and in numpy, or in ml_dtypes for what numpy lacks; None where there is no such dtype
+    # (tf32 is a matmul mode, torch's E2M1 dtype packs two elements in a byte)
+    torch_name: str | None = None
+    numpy_name: str | None = None
 
     @property
     def u(self) -> float:
@@ -56,22 +61,62 @@ class Format:
     def smallest_subnormal(self) -> float:
         return 2.0 ** (self.emin - self.p + 1)
 
+    def holds(self, other: Format) -> bool:
+        """Whether every finite value of `other` is a value of this format: no more significand bits, a
+        quantum no finer at the bottom of the range, and no larger a largest value."""
+        return other.p <= self.p and other.emin - other.p >= self.emin - self.p and other.max <= self.max
+
+    def torch_dtype(self):
+        """This format's torch dtype (torch imported here: the numerics stay importable without it)."""
+        import torch
+
+        if self.torch_name is None:
+            raise PitcheckError(f"format {self.name} has no torch dtype")
+        return getattr(torch, self.torch_name)
+
+    def numpy_dtype(self) -> np.dtype:
+        """This format's numpy dtype; ml_dtypes' (an optional dependency, imported here) where numpy has none."""
+        if self.numpy_name is None:
+            raise PitcheckError(f"format {self.name} has no numpy dtype")
+        if hasattr(np, self.numpy_name):
+            return np.dtype(self.numpy_name)
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, self.numpy_name))
+
 
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in [
-        Format("fp64", 53, 1023, -1022),
-        Format("fp32", 24, 127, -126),
+        Format("fp64", 53, 1023, -1022, torch_name="float64", numpy_name="float64"),
+        Format("fp32", 24, 127, -126, torch_name="float32", numpy_name="float32"),
         Format("tf32", 11, 127, -126),
-        Format("fp16", 11, 15, -14),
-        Format("bf16", 8, 127, -126),
+        Format("fp16", 11, 15, -14, torch_name="float16", numpy_name="float16"),
+        Format("bf16", 8, 127, -126, torch_name="bfloat16", numpy_name="bfloat16"),
         # OCP e4m3 "fn": no infinities, one NaN pattern, so its largest finite value is 448
-        Format("fp8-e4m3", 4, 8, -6, has_inf=False, max_finite=448.0),
-        Format("fp8-e5m2", 3, 15, -14),
+        Format("fp8-e4m3", 4, 8, -6, has_inf=False, max_finite=448.0, torch_name="float8_e4m3fn",
+               numpy_name="float8_e4m3fn"),
+        Format("fp8-e5m2", 3, 15, -14, torch_name="float8_e5m2", numpy_name="float8_e5m2"),
         # OCP MX E2M1: values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives
-        Format("fp4-e2m1", 2, 2, 0, has_inf=False, has_nan=False, max_finite=6.0),
+        Format("fp4-e2m1", 2, 2, 0, has_inf=False, has_nan=False, max_finite=6.0, numpy_name="float4_e2m1fn"),
     ]
 }
+
+# the formats `pitcheck validate --dtype` takes, in the order it lists them (by their torch names)
+VALIDATED = ("fp64", "fp32", "bf16", "fp16")
+
+
+def validator_dtypes() -> tuple[str, ...]:
+    """The validator's dtype names: float64, float32, bfloat16, float16."""
+    return tuple(FORMATS[name].torch_name for name in VALIDATED)
+
+
+def format_of_dtype(dtype_name: str) -> Format:
+    """The format whose torch dtype is called `dtype_name` ('bfloat16' -> bf16)."""
+    for fmt in FORMATS.values():
+        if fmt.torch_name == dtype_name:
+            return fmt
+    raise PitcheckError(f"no format has the dtype {dtype_name!r}")
 
 
 def get_format(name: str) -> Format:

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pitcheck import PitcheckError
-from pitcheck.formats import FORMATS, e8m0_decode, e8m0_encode, get_format, round_to
+from pitcheck.formats import (FORMATS, VALIDATED, Format, e8m0_decode, e8m0_encode, format_of_dtype, get_format,
+                              overflow_threshold, round_to, validator_dtypes)
 
 
 def test_unit_roundoff_table():
@@ -302,3 +303,160 @@ def test_e8m0_rounding_modes_and_range():
     assert e8m0_encode(x[:1], "".join(["cei", "l"])).tolist() == e8m0_encode(x[:1], "".join(["near", "est"])).tolist() == [129]
     with pytest.raises(PitcheckError, match="E8M0 rounding"):
         e8m0_encode(x, "up")
+
+
+# ---- the registry: every format's numbers and dtypes, one row each -------------------------------------
+
+F64, F32 = np.finfo(np.float64), np.finfo(np.float32)
+FORMAT_TABLE = [
+    # name, p, emax, emin, max, tiny, smallest subnormal, has_inf, has_nan, torch name, numpy name
+    ("fp64", 53, 1023, -1022, float(F64.max), 2.0**-1022, 2.0**-1074, True, True, "float64", "float64"),
+    ("fp32", 24, 127, -126, float(F32.max), 2.0**-126, 2.0**-149, True, True, "float32", "float32"),
+    ("tf32", 11, 127, -126, (2 - 2.0**-10) * 2.0**127, 2.0**-126, 2.0**-136, True, True, None, None),
+    ("fp16", 11, 15, -14, 65504.0, 2.0**-14, 2.0**-24, True, True, "float16", "float16"),
+    ("bf16", 8, 127, -126, (2 - 2.0**-7) * 2.0**127, 2.0**-126, 2.0**-133, True, True, "bfloat16", "bfloat16"),
+    ("fp8-e4m3", 4, 8, -6, 448.0, 2.0**-6, 2.0**-9, False, True, "float8_e4m3fn", "float8_e4m3fn"),
+    ("fp8-e5m2", 3, 15, -14, 57344.0, 2.0**-14, 2.0**-16, True, True, "float8_e5m2", "float8_e5m2"),
+    ("fp4-e2m1", 2, 2, 0, 6.0, 1.0, 0.5, False, False, None, "float4_e2m1fn"),
+]
+
+
+def test_the_registry_holds_these_formats_in_this_order():
+    assert list(FORMATS) == [row[0] for row in FORMAT_TABLE]
+
+
+@pytest.mark.parametrize("name,p,emax,emin,fmax,tiny,subnormal,has_inf,has_nan,torch_name,numpy_name", FORMAT_TABLE)
+def test_format_table(name, p, emax, emin, fmax, tiny, subnormal, has_inf, has_nan, torch_name, numpy_name):
+    f = get_format(name)
+    assert f is FORMATS[name] and f.name == name
+    assert (f.p, f.emax, f.emin, f.has_inf, f.has_nan) == (p, emax, emin, has_inf, has_nan)
+    assert f.u == 2.0**-p  # u, not eps = 2^(1-p)
+    assert (f.max, f.tiny, f.smallest_subnormal) == (fmax, tiny, subnormal)
+    assert (f.torch_name, f.numpy_name) == (torch_name, numpy_name)
+    if torch_name is None:
+        with pytest.raises(PitcheckError):
+            f.torch_dtype()
+    else:
+        assert f.torch_dtype() == getattr(torch, torch_name)
+        assert format_of_dtype(torch_name) is f
+    if numpy_name is None:
+        with pytest.raises(PitcheckError):
+            f.numpy_dtype()
+    else:
+        dtype = f.numpy_dtype()
+        assert dtype == np.dtype(getattr(np, numpy_name, None) or getattr(ml_dtypes, numpy_name))
+        if name != "fp4-e2m1":  # ml_dtypes' E2M1 turns NaN into -0 (see round_to)
+            assert float(np.array(f.max).astype(dtype).astype(np.float64)) == f.max
+
+
+def test_ieee_values_of_a_format_without_a_largest_finite_value_given():
+    assert Format("x", 5, 4, -3).max == (2 - 2.0**-4) * 16 and Format("x", 5, 4, -3).tiny == 0.125
+    with pytest.raises(PitcheckError):
+        get_format("fp4")
+    with pytest.raises(PitcheckError):
+        format_of_dtype("float8_e4m3fnuz")
+
+
+def test_formats_are_frozen():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FORMATS["fp32"].p = 11
+
+
+@pytest.mark.parametrize("wide,narrow,held", [
+    ("fp64", "fp32", True), ("fp32", "bf16", True), ("fp32", "fp16", True), ("fp32", "tf32", True),
+    ("fp16", "bf16", False),  # fewer bits but a wider range
+    ("bf16", "fp16", False),  # a wider range but more bits
+    ("fp16", "fp8-e5m2", True), ("fp16", "fp8-e4m3", True), ("bf16", "fp8-e4m3", True),
+    ("fp8-e4m3", "fp8-e5m2", False), ("fp8-e4m3", "fp4-e2m1", True), ("fp32", "fp64", False), ("fp32", "fp32", True),
+    ("tf32", "fp16", True), ("bf16", "tf32", False),
+])
+def test_which_format_holds_which(wide, narrow, held):
+    assert FORMATS[wide].holds(FORMATS[narrow]) is held
+
+
+def test_the_validator_dtypes_are_the_torch_names_of_four_formats():
+    assert validator_dtypes() == ("float64", "float32", "bfloat16", "float16")
+    assert [format_of_dtype(d).name for d in validator_dtypes()] == list(VALIDATED) == ["fp64", "fp32", "bf16", "fp16"]
+
+
+# ---- rounding at ties, subnormals and overflow -------------------------------------------------------
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_round_to_ties_subnormals_and_overflow(lib):
+    x = np.array([1 + 2.0**-11, 1 + 3 * 2.0**-11, 1 + 2.0**-11 + 2.0**-30, 2.0**-25, 3 * 2.0**-25, 2.0**-26,
+                  65519.0, 65520.0, -70000.0, np.inf, -np.inf, 0.0, 2.0**-14 * 1.5])
+    want = [1.0, 1 + 2.0**-9, 1 + 2.0**-10, 0.0, 2.0**-23, 0.0, 65504.0, np.inf, -np.inf, np.inf, -np.inf, 0.0,
+            2.0**-14 * 1.5]
+    arr = x if lib == "numpy" else torch.from_numpy(x)
+    got = round_to(arr, "fp16")
+    got = got if lib == "numpy" else got.numpy()
+    np.testing.assert_array_equal(got, want)
+    # a format without infinities: overflow and infinities become NaN
+    e4 = round_to(arr[[7, 9]] if lib == "numpy" else arr[[7, 9]], FORMATS["fp8-e4m3"])
+    e4 = e4 if lib == "numpy" else e4.numpy()
+    assert np.isnan(e4).all()
+    np.testing.assert_array_equal(np.asarray(round_to(np.array([448.0, 464.0, 480.0, 0.3]), "fp8-e4m3")),
+                                  [448.0, 448.0, np.nan, 0.3125])
+
+
+def test_round_to_bf16_and_tf32_known_values():
+    x = np.array([1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 2.0**-133, 2.0**-134])
+    np.testing.assert_array_equal(round_to(x[:2], "bf16"), [1.0, 1 + 2.0**-6])
+    np.testing.assert_array_equal(round_to(x[2:4], "tf32"), [1.0, 1 + 2.0**-9])
+    np.testing.assert_array_equal(round_to(x[4:], "bf16"), [2.0**-133, 0.0])  # smallest subnormal 2^-133
+
+
+def test_stochastic_rounding_probability_is_the_fractional_distance():
+    x = np.full(200_000, 1 + 2.0**-12)  # a quarter of the fp16 spacing 2^-10 above 1
+    got = round_to(x, "fp16", mode="stochastic", rng=np.random.default_rng(0))
+    assert set(np.unique(got)) == {1.0, 1 + 2.0**-10}
+    assert np.mean(got > 1) == pytest.approx(0.25, abs=0.005)
+    t = round_to(torch.from_numpy(x), "fp16", mode="stochastic", rng=torch.Generator().manual_seed(0))
+    assert float((t > 1).double().mean()) == pytest.approx(0.25, abs=0.005)
+    with pytest.raises(PitcheckError):
+        round_to(x, "fp16", mode="stochastic")
+    with pytest.raises(PitcheckError):
+        round_to(x, "fp16", mode="up")
+
+
+def test_fp64_and_fp32_ranges():
+    assert FORMATS["fp64"].tiny == float(np.finfo(np.float64).tiny)
+    assert FORMATS["fp64"].smallest_subnormal == float(np.finfo(np.float64).smallest_subnormal)
+    assert FORMATS["fp32"].tiny == float(np.finfo(np.float32).tiny)
+    assert FORMATS["fp8-e5m2"].tiny == 2.0**-14
+
+
+def test_format_exponent_ranges_ieee_and_ocp():
+    assert {n: (f.emax, f.emin) for n, f in FORMATS.items()} == {
+        "fp64": (1023, -1022), "fp32": (127, -126), "tf32": (127, -126), "fp16": (15, -14), "bf16": (127, -126),
+        "fp8-e4m3": (8, -6), "fp8-e5m2": (15, -14), "fp4-e2m1": (2, 0)}
+
+
+def test_stochastic_mode_is_compared_by_value():
+    mode = "".join(["stoch", "astic"])  # equal to "stochastic", not the same object
+    got = round_to(np.full(4000, 1 + 2.0**-12), "fp16", mode=mode, rng=np.random.default_rng(1))
+    assert (got > 1).any() and (got == 1).any()
+
+
+def test_overflow_threshold_is_where_round_to_overflows():
+    """The engine's gradient overflow test: |g| >= threshold exactly when round_to gives inf. Every
+    format with an IEEE infinity has one (no silent fall-back to rounding each peak)."""
+    rng = np.random.default_rng(0)
+    for name, fmt in FORMATS.items():
+        t = overflow_threshold(name)
+        if not fmt.has_inf or fmt.max_finite is not None:
+            assert t is None, name
+            continue
+        assert t is not None, name
+        if np.isinf(t):
+            assert name == "fp64"  # a finite float64 gradient never overflows
+            continue
+        probes = np.concatenate([[t, np.nextafter(t, 0), np.nextafter(t, np.inf), fmt.max],
+                                 t * np.exp(rng.uniform(-0.01, 0.01, 200))])
+        np.testing.assert_array_equal(~np.isfinite(round_to(probes, fmt)), probes >= t, err_msg=name)
+    # the largest finite value plus half its spacing
+    assert overflow_threshold("fp16") == 65504 + 16
+    assert overflow_threshold("bf16") == (2 - 2.0**-8) * 2.0**127
+    assert overflow_threshold("fp32") == (2 - 2.0**-24) * 2.0**127

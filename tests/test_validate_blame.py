@@ -10,7 +10,7 @@ import torch
 
 from pitcheck.validate import probes, worker
 from pitcheck.validate.checks import Context, judge
-from pitcheck.validate.target import UNIT_ROUNDOFF
+from pitcheck.validate.dtypes import UNIT_ROUNDOFF
 from tests.zoo._base import LLtPIT
 
 V, D = 64, 4

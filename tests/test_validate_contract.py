@@ -4,12 +4,15 @@ correct float64 modules whose maps at initialisation are exact float32 (a Hadama
 under a float64 request still fail."""
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
+from pitcheck.gradients import AdversaryParams
 from pitcheck.validate import probes
 from pitcheck.validate.checks import Context, judge
-from pitcheck.validate.target import UNIT_ROUNDOFF, build
+from pitcheck.validate.dtypes import UNIT_ROUNDOFF
+from pitcheck.validate.target import build
 
 V, D = 128, 8
 
@@ -38,3 +41,16 @@ def test_a_float32_module_whose_initial_maps_are_exact_bfloat16_passes(name):
 def test_float32_solves_under_a_float64_request_still_fail():
     _, result = contract("broken_fp32_solves")
     assert result.verdict == "fail" and "generic: 100% of the embedding entries are exact float32" in result.reason
+
+
+@pytest.mark.parametrize("params,scales", [
+    (None, {1.0, AdversaryParams().spike_scale}),  # the gradient models' defaults
+    (AdversaryParams(spike_probability=1.0, spike_scale=7.0), {7.0}),
+    (AdversaryParams(spike_probability=0.0, batch=3), {1.0}),
+])
+def test_the_trajectory_adversary_takes_the_gradient_models_parameters(params, scales):
+    module = build(importlib.import_module("tests.zoo.correct_cayley").make, V, D, "float64", "cpu", 0)
+    harness = probes.Harness(module, V, D, torch.float64, "cpu", 0)
+    extra = {} if params is None else {"params": params}
+    loss, scale = probes.adversary_loss(harness, 0, np.random.default_rng(0), **extra)
+    assert scale in scales and torch.isfinite(loss)

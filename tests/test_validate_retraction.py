@@ -11,7 +11,8 @@ import pitcheck.nn
 from pitcheck.retractions import APPROXIMATE, RETRACTIONS
 from pitcheck.validate import probes
 from pitcheck.validate.checks import Context, judge
-from pitcheck.validate.target import UNIT_ROUNDOFF, build
+from pitcheck.validate.dtypes import UNIT_ROUNDOFF
+from pitcheck.validate.target import build
 
 V, D = 128, 8
 # not retractions: 'none' is the Euclidean baseline; ns5, polar-express, gram-ns approximate the polar

@@ -9,10 +9,11 @@ NEEDS_TORCH = True
 
 def add_parser(sub) -> argparse.ArgumentParser:
     from ..validate import CHECKS, api
+    from ..validate.dtypes import DTYPES
 
     v = sub.add_parser("validate", help="judge a third-party PIT implementation (module:factory) against the reference")
     v.add_argument("target", help="module:factory or path/to/file.py:factory")
-    v.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16", "float16"])
+    v.add_argument("--dtype", default="float32", choices=DTYPES)
     v.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     v.add_argument("--vocab", type=int, default=api.DEFAULT_VOCAB)
     v.add_argument("--dim", type=int, default=api.DEFAULT_DIM)

@@ -1,8 +1,10 @@
 """Validation of a third-party PIT implementation against the float64 reference.
 
-target.py finds and builds the target; isolation.py runs it in a child process with a time limit;
-probes.py (in that process) reads off what it computes; checks.py judges it in float64, one function
-per named check; result.py renders the verdicts; pytest_plugin.py turns them into test items.
+target.py finds and builds the target; isolation.py runs it in a child process with a time limit
+(lifeline.py ties that process to this one, worker.py is its main); probes.py (in that process) reads off
+what it computes; checks.py judges it in float64, one function per named check, in the units of
+dtypes.py (read off pitcheck.formats); result.py renders the verdicts; pytest_plugin.py turns them into
+test items.
 """
 import sys
 import types

@@ -10,7 +10,10 @@ from ..errors import PitcheckError
 from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition, judge
 from .isolation import TargetRun, run_isolated
 from .result import ValidationResult
-from .target import DTYPES, UNIT_ROUNDOFF, TargetError, describe_callable
+from .probes import describe_exception, load_probe
+from .dtypes import DTYPES, UNIT_ROUNDOFF
+from .target import describe_callable
+from .worker import PhaseLog, collect
 
 DEFAULT_VOCAB, DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT = 2048, 32, 200, 300.0
 
@@ -91,15 +94,12 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
 
 def _run_here(factory, request: dict) -> TargetRun:
     """In this process, for factories that a child process cannot import by name (no time limit)."""
-    from . import worker
-    from .probes import describe_exception, load_probe
-
     run = TargetRun()
     with tempfile.TemporaryDirectory(prefix="pitcheck-validate-") as tmp:
         out = Path(tmp)
-        log = worker.PhaseLog(out / "phases.log")
+        log = PhaseLog(out / "phases.log")
         try:
-            worker.collect(factory, request, out, log)
+            collect(factory, request, out, log)
         except (Exception, SystemExit) as exc:  # a factory calling sys.exit must not end the caller
             phases = (out / "phases.log").read_text().split("\n")
             phase = phases[-2] if len(phases) > 1 else "build"

@@ -17,15 +17,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import metrics, reference
+from .dtypes import FP32_U, NARROWER, UNIT_ROUNDOFF, WIDTH
 from .probes import Probe
-from .target import UNIT_ROUNDOFF
 
 # Correct implementations in five conventions measure ratios of 0.1 to 8 (closing note of issue 6);
 # LAPACK's suites pass below 30. 16 keeps bf16 resolvable at cond(T) <= 1.6 (16 u = 0.0625).
 TAU = 16.0
 # An absolute threshold above this cannot tell right from wrong
 RESOLVABLE = 0.1
-FP32_U = 2.0**-24
 VERDICTS = ("pass", "fail", "inconclusive", "error")
 
 
@@ -175,10 +174,6 @@ def judge_pair(v: Verdicts, label: str, E, W, ctx: Context, **row) -> dict | Non
 
 
 # ---- the checks ------------------------------------------------------------------------------------
-
-NARROWER = {"float64": ("float32",), "float32": ("bfloat16", "float16"), "bfloat16": (), "float16": ()}
-WIDTH = {"float64": 53, "float32": 24, "bfloat16": 8, "float16": 11}
-
 
 def representable_fraction(x: np.ndarray, dtype: str) -> float:
     """Fraction of the non-zero entries of x exactly representable in `dtype` (within its range)."""
@@ -602,6 +597,10 @@ CHECKS = {
 
 
 def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
+    """The verdict of check `name` on what the target's process recorded for it (`probe`), in units of
+    `ctx`. A probe that stopped on an exception fails the target when the target raised or breached its
+    contract, and is an error when pitcheck's own probe stopped with no breach found; otherwise
+    CHECKS[name] judges the values, and values without the structure it needs fail."""
     if "error" in probe.facts:
         f = probe.facts
         where = f" at {f['where']}" if f.get("where") else ""

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import lifeline
+from .lifeline import TAG_VAR, cleanup, worker_command
 from .probes import load_probe
 
 
@@ -74,14 +74,14 @@ def _run_isolated(request: dict, timeout: float) -> TargetRun:
         env = dict(os.environ)
         # every process the target starts inherits this tag, so the cleanup finds it even after a setsid()
         tag = secrets.token_hex(8)
-        env[lifeline.TAG_VAR] = tag
+        env[TAG_VAR] = tag
         # the guardian's pipe: its write end lives only here, so it reads end-of-file when this process ends
         read_fd, write_fd = os.pipe()
         try:
             with open(stderr_path, "wb") as err:
                 # not PYTHONPATH or `-m` with the working directory first: a random.py there would shadow the
                 # standard library; target.load_factory finds the target from the working directory
-                proc = subprocess.Popen(lifeline.worker_command(str(out / "request.json"), read_fd),
+                proc = subprocess.Popen(worker_command(str(out / "request.json"), read_fd),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
                                         start_new_session=True, pass_fds=(read_fd,))
                 os.close(read_fd)
@@ -95,7 +95,7 @@ def _run_isolated(request: dict, timeout: float) -> TargetRun:
                 finally:
                     # always, the target's processes go: on a timeout, on Ctrl-C or SIGTERM, and after a clean
                     # exit too (children it forked, setsid() or not, must not outlive the validation)
-                    lifeline.cleanup(proc.pid, tag)
+                    cleanup(proc.pid, tag)
                     proc.wait()
         finally:
             for fd in (read_fd, write_fd):

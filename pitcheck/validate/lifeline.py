@@ -33,19 +33,17 @@ if spec is not None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["pitcheck"] = module
     spec.loader.exec_module(module)
-from pitcheck.validate import lifeline
+from pitcheck.validate import lifeline, worker
 lifeline.guard(int(parent), int(fd))
-del sys.argv[1:4]
-import runpy
-runpy.run_module("pitcheck.validate.worker", run_name="__main__", alter_sys=True)
+sys.argv[:] = [worker.__file__, request]
+worker.run_and_exit(request)
 """
 
 
 def worker_command(request_path: str, read_fd: int) -> list[str]:
     """The worker's command line: BOOTSTRAP with pitcheck's root, this process's pid and the pipe's fd."""
-    import pitcheck
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(pitcheck.__file__)))
+    # the directory holding pitcheck/ (this file is pitcheck/validate/lifeline.py)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return [sys.executable, "-c", BOOTSTRAP, root, str(os.getpid()), str(read_fd), request_path]
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..gradients import AdversaryParams
+
 # optimizer for the default target contract: plain SGD at this rate
 DEFAULT_LR = 1e-2
 # Adam rate of the spectrum drive on T-side parameters (log-scale parameters move ~ this per step)
@@ -396,31 +398,29 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
     return out
 
 
-ADVERSARY_CHANNELS = ("gaussian", "dense_output", "sparse_input", "spike")
-
-
-def adversary_loss(h: Harness, step: int, rng: np.random.Generator):
+def adversary_loss(h: Harness, step: int, rng: np.random.Generator, params: AdversaryParams = AdversaryParams()):
     """The adversaries' channels as losses on the module's outputs: gaussian (dense random functional of
     both maps), dense output (softmax cross-entropy residual of the head at Zipf targets), sparse input
-    (a Zipf batch of embedding rows), spike (a rare burst 100x the usual size). Returns the loss and
-    the norm its gradient is scaled to."""
+    (a Zipf batch of embedding rows), spike (with probability spike_probability, a burst spike_scale
+    times the usual size), with the gradient models' parameters (pitcheck.gradients). Returns the loss
+    and the norm its gradient is scaled to."""
     torch = h.torch
-    V, D, batch = h.vocab, h.dim, 32
-    zipf = 1.0 / np.arange(1, V + 1) ** 1.1
+    V, D, batch = h.vocab, h.dim, params.batch
+    zipf = 1.0 / np.arange(1, V + 1) ** params.zipf_exponent
     zipf /= zipf.sum()
     ids = torch.from_numpy(rng.choice(V, size=batch, p=zipf)).to(h.device)
     hid = torch.from_numpy(rng.standard_normal((batch, D))).to(h.device, h.dtype)
     r_in = torch.from_numpy(rng.standard_normal((batch, D)) / math.sqrt(D)).to(h.device)
     r_out = torch.from_numpy(rng.standard_normal((batch, V)) / math.sqrt(V)).to(h.device)
     targets = torch.from_numpy(rng.choice(V, size=batch, p=zipf)).to(h.device)
-    burst = rng.random() < 0.01
+    burst = rng.random() < params.spike_probability
     lg = h.logits(hid).to(torch.float64)
     e = h.embed(ids).to(torch.float64)
     gaussian = (e * r_in).sum() + (lg * r_out).sum()
     dense_output = torch.nn.functional.cross_entropy(lg, targets)
     sparse_input = (e * r_in).sum()
-    # a spike: the step's gradient 100 times the usual norm
-    return gaussian + dense_output + sparse_input, (100.0 if burst else 1.0)
+    # a spike: the step's gradient spike_scale times the usual norm
+    return gaussian + dense_output + sparse_input, (params.spike_scale if burst else 1.0)
 
 
 def probe_trajectory(h: Harness, steps: int = 200, shadow=None, **_) -> Probe:
@@ -632,3 +632,18 @@ def probe_scale(h: Harness, **_) -> Probe:
             out.arrays[f"scaled:{k}"] = to_numpy(r.pop("value"))
         out.facts["scaled"].append({"exponent": k, **r})
     return out
+
+
+# the probe of each check, by the check's name (checks.CHECKS judges what it returns)
+PROBES = {
+    "contract": probe_contract,
+    "penrose": probe_penrose,
+    "reference": probe_reference,
+    "conditioning": probe_conditioning,
+    "gradients": probe_gradients,
+    "trajectory": probe_trajectory,
+    "retraction": probe_retraction,
+    "checkpoint": probe_checkpoint,
+    "bad_input": probe_bad_input,
+    "scale": probe_scale,
+}

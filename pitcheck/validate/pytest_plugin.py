@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from ..errors import PitcheckError
-from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, check_options, parse_checks
+from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, check_options, parse_checks, validate
+from .dtypes import DTYPES
 
 
 def pytest_addoption(parser) -> None:
@@ -18,7 +19,7 @@ def pytest_addoption(parser) -> None:
     group.addoption("--pitcheck", action="append", default=[], metavar="TARGET",
                     help="validate this PIT implementation (module:factory or path/file.py:factory); repeatable")
     group.addoption("--pitcheck-dtype", default="float32",
-                    help="comma-separated dtypes to validate in (float64, float32, bfloat16, float16)")
+                    help=f"comma-separated dtypes to validate in ({', '.join(DTYPES)})")
     group.addoption("--pitcheck-checks", default="all", help="comma-separated subset of the checks")
     group.addoption("--pitcheck-xfail", default=None, metavar="FILE",
                     help="expected failures: one check name or item id per line, '# reason' after it")
@@ -55,8 +56,6 @@ class ValidationCache:
         self.config, self.results = config, {}
 
     def get(self, target: str, dtype: str):
-        from .api import validate
-
         key = (target, dtype)
         if key not in self.results:
             opt = self.config.getoption

@@ -15,10 +15,6 @@ from pathlib import Path
 
 from ..errors import PitcheckError
 
-DTYPES = ("float64", "float32", "bfloat16", "float16")
-# unit roundoff u = 2^-p of each dtype a target may be asked for
-UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
-
 
 class TargetError(PitcheckError):
     """The target could not be imported, built or run (exit status 2)."""

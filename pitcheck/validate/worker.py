@@ -1,4 +1,5 @@
-"""The target's process: `python -m pitcheck.validate.worker REQUEST.json`.
+"""The target's process: lifeline.BOOTSTRAP calls `run_and_exit(REQUEST.json)` once the worker is tied to
+the validator.
 
 It imports and builds the target, runs one probe per requested check on a freshly built module, and
 writes each probe to OUT/<check>.npz as soon as it is done. Before each phase it appends the phase's
@@ -11,23 +12,12 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
-from . import probes
 from ..threads import set_torch_threads
+from .dtypes import HALF
+from .probes import PROBES, Harness, Probe, TargetFault, describe_exception, gradient_path_breach, save_probe
 from .target import build, load_factory, resolve_device
-
-PROBES = {
-    "contract": probes.probe_contract,
-    "penrose": probes.probe_penrose,
-    "reference": probes.probe_reference,
-    "conditioning": probes.probe_conditioning,
-    "gradients": probes.probe_gradients,
-    "trajectory": probes.probe_trajectory,
-    "retraction": probes.probe_retraction,
-    "checkpoint": probes.probe_checkpoint,
-    "bad_input": probes.probe_bad_input,
-    "scale": probes.probe_scale,
-}
 
 
 class PhaseLog:
@@ -53,11 +43,12 @@ def collect(factory, request: dict, out: Path, log) -> None:
 
     def harness(dt=dtype, sd=seed):
         module = build(factory, V, D, dt, device, sd)
-        return probes.Harness(module, V, D, getattr(torch, dt), device, sd)
+        return Harness(module, V, D, getattr(torch, dt), device, sd)
 
-    def widest(only_for=("bfloat16", "float16", "float32")):
-        """The same target in float64 (finite differences, shadow); None when it cannot be built."""
-        if dtype not in only_for:
+    def widest(half_only=False):
+        """The same target in float64 (finite differences, shadow) for a narrower dtype under test; None
+        when it cannot be built."""
+        if dtype == "float64" or (half_only and dtype not in HALF):
             return None
         try:
             return harness("float64")
@@ -73,7 +64,7 @@ def collect(factory, request: dict, out: Path, log) -> None:
             extra = {"generic_cond": request["generic_cond"]}
             if name == "gradients":
                 # finite differences resolve a derivative in fp32 and fp64, not in half precision
-                extra["fd_harness"] = widest(only_for=("bfloat16", "float16"))
+                extra["fd_harness"] = widest(half_only=True)
             elif name == "trajectory":
                 extra["steps"] = request["steps"]
                 extra["shadow"] = widest()
@@ -83,8 +74,8 @@ def collect(factory, request: dict, out: Path, log) -> None:
                 extra["conds"] = request["conds"]
             probe = PROBES[name](h, **extra)
         except Exception as exc:
-            probe = probes.Probe(facts=blame(exc, harness))
-        probes.save_probe(out / f"{name}.npz", probe)
+            probe = Probe(facts=blame(exc, harness))
+        save_probe(out / f"{name}.npz", probe)
         log(f"done {name}")
 
 
@@ -107,7 +98,8 @@ def _is_library(path: str) -> bool:
         not path.startswith(_as_dirs([paths["purelib"], paths["platlib"]]))
 
 
-PROBE_DIR = os.path.join(os.path.dirname(os.path.realpath(probes.__file__)), "")
+# probes.py lives beside this module: a frame in this directory is pitcheck's probe, not the target
+PROBE_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "")
 
 
 def _culprit_frame(exc: BaseException):
@@ -123,22 +115,23 @@ def _culprit_frame(exc: BaseException):
 def blame(exc: BaseException, harness) -> dict:
     """The facts of a probe that raised: the target raised (with where), the probe found the target in
     breach of its contract, or the probe itself failed (and what, if anything, the target did wrong)."""
-    if isinstance(exc, probes.TargetFault):
+    if isinstance(exc, TargetFault):
         return {"error": str(exc), "by": "breach"}
     frame, in_probe = _culprit_frame(exc)
     where = f"{frame.filename}:{frame.lineno}" if frame else ""
     if not in_probe:
-        return {"error": probes.describe_exception(exc), "where": where, "by": "target"}
+        return {"error": describe_exception(exc), "where": where, "by": "target"}
     try:
-        breach = probes.gradient_path_breach(harness())
+        breach = gradient_path_breach(harness())
     except Exception as again:  # the target's own code raised this time: that is the breach
-        breach = f"the target raised {probes.describe_exception(again)}"
-    return {"error": probes.describe_exception(exc), "where": f"{os.path.basename(frame.filename)}:"
+        breach = f"the target raised {describe_exception(again)}"
+    return {"error": describe_exception(exc), "where": f"{os.path.basename(frame.filename)}:"
             f"{frame.lineno} ({frame.name})", "by": "probe", "breach": breach}
 
 
-def main(argv: list[str]) -> int:
-    request_path = Path(argv[0])
+def main(request_path: str) -> int:
+    """Import, build and probe the target of OUT/request.json, writing into OUT; 0 once every probe is on disk."""
+    request_path = Path(request_path)
     request = json.loads(request_path.read_text())
     out = request_path.parent
     log = PhaseLog(out / "phases.log")
@@ -146,21 +139,22 @@ def main(argv: list[str]) -> int:
     try:
         factory = load_factory(request["target"])
     except BaseException as exc:  # SystemExit and friends from the target's import-time code too
-        (out / "fatal.txt").write_text(f"cannot import {request['target']}: {probes.describe_exception(exc)}")
+        (out / "fatal.txt").write_text(f"cannot import {request['target']}: {describe_exception(exc)}")
         return 3
     try:
         collect(factory, request, out, log)
     except BaseException as exc:
         phase = (out / "phases.log").read_text().split("\n")[-2]
-        (out / "fatal.txt").write_text(f"target failed during {phase}: {probes.describe_exception(exc)}")
+        (out / "fatal.txt").write_text(f"target failed during {phase}: {describe_exception(exc)}")
         return 3
     log("finished")
     return 0
 
 
-if __name__ == "__main__":
-    status = main(sys.argv[1:])
-    # everything is on disk: exit now, so a target's leftover threads or atexit hooks cannot hang the end
+def run_and_exit(request_path: str) -> NoReturn:
+    """The worker process's entry: main, then exit at once. Everything is on disk by then, so a target's
+    leftover threads or atexit hooks cannot hang the end."""
+    status = main(request_path)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
