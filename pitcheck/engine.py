@@ -49,7 +49,8 @@ class Engine:
     def __init__(self, backend: str, policy: Policy, settings: StepSettings, device: str = "auto",
                  head: str = "pit"):
         self.arrays = ArrayBackend(backend, policy, device)
-        self.backend, self.device, self.ops, self.emulated = backend, self.arrays.device, self.arrays.ops, self.arrays.emulated
+        self.backend, self.device = backend, self.arrays.device
+        self.ops, self.emulated = self.arrays.ops, self.arrays.emulated
         self.policy, self.settings, self.head = policy, settings, head
         self.model = get_head(head)(self.arrays, policy, settings)
         self.optimizer = get_optimizer(settings.optimizer)
@@ -79,7 +80,8 @@ class Engine:
         master, moment_shapes = self.model.initial(Z0, L0)
         p = self.policy
         self.master = {k: self.arrays.to(v, p.master) for k, v in master.items()}
-        self.opt = {m + k: self.arrays.to(np.zeros_like(v), p.factor) for k, v in moment_shapes.items() for m in MOMENTS}
+        self.opt = {m + k: self.arrays.to(np.zeros_like(v), p.factor)
+                    for k, v in moment_shapes.items() for m in MOMENTS}
         self.model.refresh(self.master)
 
     def stored(self) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,8 @@
 """Gradient models (the adversaries), registered by name.
 
 Each model is `f(Z, L, rng, params, probe) -> (G_Z, G_L)` on float64 numpy copies of the model being
-stressed, registered with the AdversaryParams fields it reads (`default_params(name)` gives them): G_Z is V x D, G_L is D x D (only its lower triangle is used). The stream is defined in float64
+stressed, registered with the AdversaryParams fields it reads (`default_params(name)` gives them):
+G_Z is V x D, G_L is D x D (only its lower triangle is used). The stream is defined in float64
 numpy for every backend, so a low-precision torch run and its float64 shadow see the same gradients.
 Models compose by summing: "dense_output,spike" is the dense output gradient plus occasional bursts.
 Each component draws from its own stream, seeded by (seed, step, component index): a run resumed at

@@ -22,8 +22,8 @@ from .errors import PitcheckError
 from .gradients import gradient
 from .metrics import (cholesky_conditioning, head_metrics, interface_metrics, measure_guarded, orthonormality_loss,
                       orthonormality_ratio, sample_ids, trisolve_errors)
-from .policy import Policy
 from .formats import FORMATS
+from .policy import Policy
 from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
 
