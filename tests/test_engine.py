@@ -509,11 +509,13 @@ def test_model_gradients_are_those_of_the_named_models_at_the_stored_model():
     np.testing.assert_array_equal(g["L"], np.tril(gl))
 
 
-def test_an_attached_source_adds_its_gradient_to_the_rest():
+# the source's name sorts after every model's name, or before them all: the rest is found by name, not by order
+@pytest.mark.parametrize("source_name", ["zsource", "Asource"])
+def test_an_attached_source_adds_its_gradient_to_the_rest(source_name):
     from pitcheck.gradients import AdversaryParams, gradient
 
     class Source:
-        name = "zsource"  # sorts after every model's name
+        name = source_name
 
         def add_gradients(self, eng, grads, step):
             return {"grads": grads, "step": step}
@@ -533,7 +535,7 @@ def test_an_attached_source_adds_its_gradient_to_the_rest():
     eng = _engine()
     eng.source = Source()
     params = AdversaryParams()
-    out = eng.gradients([_fresh("zsource"), "gaussian"], 3, 5, params)  # matched by value
+    out = eng.gradients([_fresh(source_name), "gaussian"], 3, 5, params)  # matched by value
     assert out["step"] == 5
     np.testing.assert_array_equal(out["grads"]["Z"], gradient(["gaussian"], Z0, L0, 3, 5, params)[0])
     # not named: the source is not asked
