@@ -1,7 +1,8 @@
 """Gradient models (the adversaries), registered by name.
 
 Each model is `f(Z, L, rng, params, probe) -> (G_Z, G_L)` on float64 numpy copies of the model being
-stressed: G_Z is V x D, G_L is D x D (only its lower triangle is used). The stream is defined in float64
+stressed, registered with the AdversaryParams fields it reads (`default_params(name)` gives them):
+G_Z is V x D, G_L is D x D (only its lower triangle is used). The stream is defined in float64
 numpy for every backend, so a low-precision torch run and its float64 shadow see the same gradients.
 Models compose by summing: "dense_output,spike" is the dense output gradient plus occasional bursts.
 Each component draws from its own stream, seeded by (seed, step, component index): a run resumed at
@@ -22,6 +23,8 @@ from .metrics import drift_bound
 FP64_U = 2.0**-53
 
 GRADIENT_MODELS: dict[str, Callable] = {}
+# the AdversaryParams fields each model reads
+MODEL_PARAMETERS: dict[str, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -58,12 +61,25 @@ def check_adversary_params(params: AdversaryParams) -> None:
             raise PitcheckError(f"{label} is a probability: it must be in [0, 1], got {value!r}")
 
 
-def register(name: str):
+def register(name: str, params: tuple[str, ...] = ()):
+    """Register a model under name; `params`: the AdversaryParams fields it reads."""
+    unknown = set(params) - {f.name for f in fields(AdversaryParams)}
+    if unknown:
+        raise PitcheckError(f"gradient model {name!r} reads no such parameter: {', '.join(sorted(unknown))}")
+
     def deco(fn):
         GRADIENT_MODELS[name] = fn
+        MODEL_PARAMETERS[name] = tuple(params)
         return fn
 
     return deco
+
+
+def default_params(name: str) -> dict:
+    """The parameters the named model reads, at their defaults ({field: value}; the same as AdversaryParams())."""
+    parse_adversary(name)
+    defaults = AdversaryParams()
+    return {f: getattr(defaults, f) for f in MODEL_PARAMETERS[name]}
 
 
 def parse_adversary(spec: str) -> list[str]:
@@ -114,7 +130,7 @@ def gaussian(Z, L, rng, params, probe):
     return _gaussian(Z.shape, rng), _gaussian(L.shape, rng)
 
 
-@register("dense_output")
+@register("dense_output", ("batch", "zipf_exponent"))
 def dense_output(Z, L, rng, params, probe):
     """Cross-entropy gradient of the head (h T) Z^T at Zipf-distributed targets: every row of Z moves."""
     V, D = Z.shape
@@ -132,7 +148,7 @@ def dense_output(Z, L, rng, params, probe):
     return GZ, _factor_gradient(GT, L)
 
 
-@register("sparse_input")
+@register("sparse_input", ("batch", "zipf_exponent", "input_scale"))
 def sparse_input(Z, L, rng, params, probe):
     """Input-side gradient: only the rows of the batch's (Zipf) tokens move, scaled by input_scale."""
     V, D = Z.shape
@@ -147,14 +163,14 @@ def sparse_input(Z, L, rng, params, probe):
     return params.input_scale * GZ, params.input_scale * _factor_gradient(0.5 * (GT + GT.T), L)
 
 
-@register("normal")
+@register("normal", ("normal_scale",))
 def normal(Z, L, rng, params, probe):
     """Off-manifold gradient Z S (S symmetric): exactly normal, so all that enters is projection error."""
     S = _gaussian((Z.shape[1],) * 2, rng)
     return params.normal_scale * Z @ (S + S.T), np.zeros_like(L)
 
 
-@register("spike")
+@register("spike", ("spike_probability", "spike_scale"))
 def spike(Z, L, rng, params, probe):
     """With probability spike_probability, a Gaussian burst spike_scale times the usual size."""
     if rng.random() >= params.spike_probability:
@@ -172,7 +188,7 @@ def heavy_tail(Z, L, rng, params, probe):
     )
 
 
-@register("rank1")
+@register("rank1", ("burst_probability", "burst_scale"))
 def rank1(Z, L, rng, params, probe):
     """With probability burst_probability, a rank-1 burst (Z c) d^T lying in the span of Z."""
     if rng.random() >= params.burst_probability:
@@ -183,7 +199,7 @@ def rank1(Z, L, rng, params, probe):
     return params.burst_scale * np.outer(Z @ (c / np.linalg.norm(c)), d / np.linalg.norm(d)), np.zeros_like(L)
 
 
-@register("conditioning")
+@register("conditioning", ("attack_scale",))
 def conditioning(Z, L, rng, params, probe):
     """Drives sigma_min(L) down: G_L = tril(u v^T) for the smallest singular pair of L.
 
@@ -194,7 +210,7 @@ def conditioning(Z, L, rng, params, probe):
     return np.zeros_like(Z), params.attack_scale * G / np.linalg.norm(G)
 
 
-@register("nonfinite")
+@register("nonfinite", ("nonfinite_probability",))
 def nonfinite(Z, L, rng, params, probe):
     """Gaussian noise with a NaN or Inf entry at probability nonfinite_probability (bad-input test)."""
     GZ, GL = gaussian(Z, L, rng, params, probe)
@@ -206,7 +222,7 @@ def nonfinite(Z, L, rng, params, probe):
 ADAPTIVE_CANDIDATES = ("gaussian", "dense_output", "rank1", "normal", "conditioning")
 
 
-@register("adaptive")
+@register("adaptive", tuple(dict.fromkeys(f for n in ADAPTIVE_CANDIDATES for f in MODEL_PARAMETERS[n])))
 def adaptive(Z, L, rng, params, probe):
     """Of the candidate models' gradients this step, the one whose trial step grows the tracked error most.
 

@@ -5,6 +5,9 @@ import numpy as np
 import pytest
 
 from pitcheck import PitcheckError, cli
+from pitcheck.engine import Engine, StepSettings
+from pitcheck.heads import HEADS, PIT_ONLY, TableEngine, get_head
+from pitcheck.policy import get_policy
 from pitcheck.trajectory import RunConfig, read_metrics, run
 
 BASE = dict(vocab=400, dim=8, steps=200, adversary="gaussian,dense_output", lr=0.05)
@@ -47,6 +50,33 @@ def test_bad_head_options_are_clear(tmp_path, capsys):
     assert cli.main(["run", "--head", "tied", "--vocab", "50", "--dim", "4", "--steps", "3",
                      "--out", str(tmp_path / "c")]) == 0
     assert read_metrics(tmp_path / "c" / "metrics.csv")[-1]["step"] == 3
+
+
+@pytest.mark.parametrize("name,has_retraction,not_applicable,parameters,moments", [
+    ("pit", True, set(), ["Z", "raw"], ["mZ", "vZ", "mL", "vL"]),
+    ("tied", False, set(PIT_ONLY) | {"shadow_T"}, ["E"], ["mE", "vE"]),
+    ("untied", False, set(PIT_ONLY), ["E", "B"], ["mE", "vE", "mB", "vB"]),
+])
+def test_the_head_registry(name, has_retraction, not_applicable, parameters, moments):
+    head = get_head(name)
+    assert head.name == name and head.has_retraction is has_retraction and head.not_applicable == not_applicable
+    eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "adam", 0.1), head=name)
+    eng.initialise(np.eye(6, 2), np.eye(2))
+    assert isinstance(eng.model, head) and eng.head == name
+    assert list(eng.master) == parameters and list(eng.opt) == moments
+    # only PIT builds a retraction: the tables never retract
+    assert hasattr(eng.model, "retract") is has_retraction
+    # T's metrics are measured exactly when there is a T
+    row = eng.interface()
+    assert [math.isnan(row[k]) for k in PIT_ONLY] == [not has_retraction] * len(PIT_ONLY)
+
+
+def test_head_names():
+    assert HEADS == ("pit", "tied", "untied")
+    with pytest.raises(PitcheckError, match="unknown head 'shared'; choose from pit, tied, untied"):
+        get_head("shared")
+    eng = TableEngine("numpy", get_policy("fp64"), StepSettings("qr", "sgd", 0.1), "cpu", head="untied")
+    assert isinstance(eng, Engine) and eng.head == "untied"
 
 
 def _never(*args, **kw):

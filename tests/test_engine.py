@@ -1,14 +1,16 @@
-"""Pins of pitcheck.engine: each optimizer's step against a hand computation, fp16 loss scaling (unscaled
-gradients, halving on overflow, doubling after 2000 clean steps), the softplus chain rule of L's diagonal,
-the Riemannian step (direction re-projected onto the tangent space before the retraction), the guards
-(skipped steps and their events), the state round trips, and the backend/policy set-up."""
+"""pitcheck.engine and the parts it steps with (amp: loss scaling, optim: the optimizers, backend: the
+array backends, the PIT head's step): each optimizer's step against a hand computation, fp16 loss
+scaling (unscaled gradients, halving on overflow, doubling after 2000 clean steps), the softplus chain
+rule of L's diagonal, the Riemannian step (direction re-projected onto the tangent space before the
+retraction), the guards (skipped steps, their events, the part a breakdown names), the state round
+trips, and the backend/policy set-up."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from pitcheck import engine as E
+from pitcheck import amp, optim
 from pitcheck.arrays import NumpyOps, TorchOps
 from pitcheck.engine import Engine, StateBreakdown, StepSettings, resolve_device
 from pitcheck.errors import PitcheckError
@@ -46,7 +48,7 @@ def _engine(optimizer="sgd", lr=0.1, retraction="none", backend="numpy", precisi
 
 
 def _master(eng):
-    return {k: eng._numpy(v) for k, v in eng.master.items()}
+    return {k: eng.arrays.numpy(v) for k, v in eng.master.items()}
 
 
 def _raw(L):
@@ -88,8 +90,8 @@ def test_one_adam_step_by_hand():
     np.testing.assert_allclose(m["raw"], raw - 0.01 * graw / (np.abs(graw) + 1e-8), rtol=0, atol=1e-15)
     pz = _proj(Z0, GZ)
     np.testing.assert_allclose(m["Z"], Z0 + _proj(Z0, -0.01 * pz / (np.abs(pz) + 1e-8)), rtol=0, atol=1e-15)
-    np.testing.assert_allclose(eng._numpy(eng.opt["mL"]), 0.1 * graw, rtol=1e-15, atol=0)
-    np.testing.assert_allclose(eng._numpy(eng.opt["vL"]), 0.001 * graw**2, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(eng.arrays.numpy(eng.opt["mL"]), 0.1 * graw, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(eng.arrays.numpy(eng.opt["vL"]), 0.001 * graw**2, rtol=1e-13, atol=0)
 
 
 def test_two_adam_steps_by_hand_use_the_step_count_in_the_bias_correction():
@@ -129,13 +131,13 @@ def test_two_momentum_steps_by_hand():
     eng.step({"Z": np.zeros_like(Z0), "L": GL}, 1)
     g2 = _raw_gradient(GL, raw1)
     np.testing.assert_allclose(_master(eng)["raw"], raw1 - 0.1 * (0.9 * g1 + g2), rtol=0, atol=4e-16)
-    np.testing.assert_allclose(eng._numpy(eng.opt["mL"]), 0.9 * g1 + g2, rtol=1e-15)
+    np.testing.assert_allclose(eng.arrays.numpy(eng.opt["mL"]), 0.9 * g1 + g2, rtol=1e-15)
 
 
 def test_sgd_keeps_no_optimizer_state():
     eng = _engine("sgd")
     eng.step({"Z": GZ, "L": GL}, 0)
-    assert all(not np.any(eng._numpy(v)) for v in eng.opt.values())
+    assert all(not np.any(eng.arrays.numpy(v)) for v in eng.opt.values())
     assert sorted(eng.opt) == ["mL", "mZ", "vL", "vZ"]
 
 
@@ -259,7 +261,7 @@ def test_the_fp16_loss_scale_grows_at_the_2000th_clean_step():
 
 
 def test_loss_scale_constants_are_gradscalers():
-    assert E.LOSS_SCALE_INIT == 65536.0 and E.LOSS_SCALE_GROWTH_INTERVAL == 2000
+    assert amp.LOSS_SCALE_INIT == 65536.0 and amp.LOSS_SCALE_GROWTH_INTERVAL == 2000
 
 
 def test_gradient_overflow_halves_the_loss_scale_and_resets_the_count():
@@ -278,16 +280,29 @@ def test_gradient_overflow_halves_the_loss_scale_and_resets_the_count():
     assert (eng.loss_scale, eng.good_steps) == (32768.0, 1)
 
 
+@pytest.mark.parametrize("fmt,value,fits", [
+    # fp16's overflow threshold 65520 is exclusive: just below fits, at it does not, either sign
+    ("fp16", 65519.0, True), ("fp16", -65519.0, True), ("fp16", 65520.0, False), ("fp16", -65520.0, False),
+    # bf16's threshold is (2 - 2^-8) 2^127
+    ("bf16", (2 - 2.0**-8) * 2.0**127 * (1 - 2.0**-20), True), ("bf16", 1e39, False),
+    # e4m3 has no inf (overflow_threshold is None): 449 rounds to 448 and fits, 470 rounds past it
+    ("fp8-e4m3", 449.0, True), ("fp8-e4m3", -470.0, False),
+    ("fp64", 1e308, True), ("fp64", np.inf, False),
+])
+def test_fits_a_gradient_format(fmt, value, fits):
+    assert amp.fits(np.array([[0.0, value]]), fmt) is fits
+
+
 def test_overflow_threshold_is_exclusive():
     """fp16's overflow threshold 65520: a scaled peak just below fits, at it does not."""
     eng = _engine("sgd", backend="torch", precision="fp16")
     below = np.array([[65519.0 / 65536.0]])
     at = np.array([[65520.0 / 65536.0]])
-    assert eng._gradient(below)[1] is True and eng._gradient(-below)[1] is True
-    assert eng._gradient(at)[1] is False and eng._gradient(-at)[1] is False
-    g, _ = eng._gradient(np.array([[0.5]]))
+    assert eng.gradient_in_format(below)[1] is True and eng.gradient_in_format(-below)[1] is True
+    assert eng.gradient_in_format(at)[1] is False and eng.gradient_in_format(-at)[1] is False
+    g, _ = eng.gradient_in_format(np.array([[0.5]]))
     assert g.dtype == torch.float16 and float(g) == 32768.0
-    assert eng._gradient(np.zeros((0, 2)))[1] is True
+    assert eng.gradient_in_format(np.zeros((0, 2)))[1] is True
 
 
 def test_overflow_without_loss_scaling_only_skips():
@@ -297,7 +312,7 @@ def test_overflow_without_loss_scaling_only_skips():
     assert events == [{"event": "gradient_overflow", "format": "bf16", "loss_scale": 1.0, "action": "step skipped"}]
     assert eng.loss_scale == 1.0
     # bf16's threshold is (2 - 2^-8) 2^127: just below fits
-    fits = eng._gradient(np.array([[(2 - 2.0**-8) * 2.0**127 * (1 - 2.0**-20)]]))[1]
+    fits = eng.gradient_in_format(np.array([[(2 - 2.0**-8) * 2.0**127 * (1 - 2.0**-20)]]))[1]
     assert fits is True
 
 
@@ -305,8 +320,8 @@ def test_a_gradient_format_without_infinities_is_judged_by_rounding():
     """e4m3 has no inf (overflow_threshold is None): 449 rounds to 448 and fits, 470 rounds past it."""
     pol = Policy("fp64", "fp64", "fp64", "fp64", "fp64", "fp8-e4m3")
     eng = Engine("numpy", pol, StepSettings("none", "sgd", 0.1))
-    assert eng._gradient(np.array([[449.0]]))[1] is True
-    assert eng._gradient(np.array([[-470.0]]))[1] is False
+    assert eng.gradient_in_format(np.array([[449.0]]))[1] is True
+    assert eng.gradient_in_format(np.array([[-470.0]]))[1] is False
 
 
 def test_no_loss_scaling_in_fp64_and_clean_steps_are_not_counted():
@@ -315,7 +330,7 @@ def test_no_loss_scaling_in_fp64_and_clean_steps_are_not_counted():
     eng.step({"Z": GZ, "L": GL}, 0)
     assert (eng.loss_scale, eng.good_steps) == (1.0, 0)
     # a large gradient is not scaled, and is no overflow in fp64
-    g, fits = eng._gradient(np.array([[3.0]]))
+    g, fits = eng.gradient_in_format(np.array([[3.0]]))
     assert fits and float(g[0, 0]) == 3.0
 
 
@@ -355,25 +370,41 @@ def test_a_failed_retraction_is_an_event_and_the_state_stays():
 
 def test_a_diagonal_driven_to_zero_is_a_state_breakdown():
     eng = _engine("sgd", lr=1.0)
-    with pytest.raises(StateBreakdown, match="diagonal"):
+    with pytest.raises(StateBreakdown, match="diagonal") as caught:
         eng.step({"Z": np.zeros_like(Z0), "L": np.array([[5000.0, 0.0], [0.0, 0.0]])}, 0)
+    assert caught.value.part == "T"
 
 
-def test_degenerate_names_what_cannot_compute():
+def _with(a, where, value):
+    a = a.copy()
+    a[where] = value
+    return a
+
+
+@pytest.mark.parametrize("Z,L,part,words", [
+    (_with(Z0, (0, 0), np.nan), L0, "Z", ["Z has non-finite"]),
+    (Z0, _with(L0, (1, 0), np.inf), "L", ["L has non-finite"]),
+    (Z0, np.array([[1.5, 0.0], [0.25, -0.5]]), "T", ["diagonal", "-0.5", "T = L L^T"]),
+    (Z0, np.array([[1.5, 0.0], [0.25, 0.0]]), "T", ["diagonal"]),
+])
+def test_degenerate_names_what_cannot_compute_and_the_breakdown_which_part(Z, L, part, words):
     eng = _engine()
+    assert eng.degenerate() is None and eng.model.breakdown() is None
+    eng.model.Z, eng.model.L = Z, L
+    problem = eng.model.breakdown()
+    assert isinstance(problem, StateBreakdown) and problem.part == part
+    assert eng.degenerate() == str(problem)
+    assert all(w in str(problem) for w in words)
+
+
+@pytest.mark.parametrize("head,table,part", [("tied", "E", "E"), ("untied", "B", "B"), ("untied", "E", "E")])
+def test_a_table_breakdown_names_its_table(head, table, part):
+    eng = Engine("numpy", get_policy("fp64"), StepSettings("none", "sgd", 0.1), head=head)
+    eng.initialise(Z0, L0)
     assert eng.degenerate() is None
-    eng.Z = Z0.copy()
-    eng.Z[0, 0] = np.nan
-    assert "Z has non-finite" in eng.degenerate()
-    eng.Z = Z0.copy()
-    eng.L = L0.copy()
-    eng.L[1, 0] = np.inf
-    assert "L has non-finite" in eng.degenerate()
-    eng.L = np.array([[1.5, 0.0], [0.25, -0.5]])
-    msg = eng.degenerate()
-    assert "diagonal" in msg and "-0.5" in msg
-    eng.L = np.array([[1.5, 0.0], [0.25, 0.0]])
-    assert "diagonal" in eng.degenerate()
+    eng.model.stored_tables[table] = _with(Z0, (2, 1), np.nan)
+    problem = eng.model.breakdown()
+    assert problem.part == part and f"table {table} has non-finite" in str(problem)
 
 
 # ---- state ------------------------------------------------------------------------------------------
@@ -389,8 +420,8 @@ def test_initialise_stores_L_through_its_raw_parameter():
 
 def test_torch_engine_stores_in_its_formats():
     eng = _engine(backend="torch", precision="bf16-mixed")
-    assert eng.master["Z"].dtype == torch.float32 and eng.Z.dtype == torch.bfloat16
-    assert eng.L.dtype == torch.bfloat16 and eng.opt["mZ"].dtype == torch.float32
+    assert eng.master["Z"].dtype == torch.float32 and eng.model.Z.dtype == torch.bfloat16
+    assert eng.model.L.dtype == torch.bfloat16 and eng.opt["mZ"].dtype == torch.float32
     Zs, Ls = eng.stored()
     assert Zs.dtype == np.float64
     assert Zs[0, 0] == float(torch.tensor(0.6, dtype=torch.bfloat16))
@@ -442,8 +473,8 @@ def test_embed_all_is_Z_times_T_inverse_in_each_backend():
 def test_distance_is_relative_in_Z_and_in_T():
     a, b = _engine(), _engine()
     assert a.distance(b) == (0.0, 0.0)
-    b.Z = 2 * Z0
-    b.L = L0 * math.sqrt(3)  # T scaled by 3
+    b.model.Z = 2 * Z0
+    b.model.L = L0 * math.sqrt(3)  # T scaled by 3
     dz, dt = b.distance(a)
     assert dz == pytest.approx(1.0, rel=1e-15) and dt == pytest.approx(2.0, rel=1e-15)
     dz, dt = a.distance(b)
@@ -478,11 +509,13 @@ def test_model_gradients_are_those_of_the_named_models_at_the_stored_model():
     np.testing.assert_array_equal(g["L"], np.tril(gl))
 
 
-def test_an_attached_source_adds_its_gradient_to_the_rest():
+# the source's name sorts after every model's name, or before them all: the rest is found by name, not by order
+@pytest.mark.parametrize("source_name", ["zsource", "Asource"])
+def test_an_attached_source_adds_its_gradient_to_the_rest(source_name):
     from pitcheck.gradients import AdversaryParams, gradient
 
     class Source:
-        name = "zsource"  # sorts after every model's name
+        name = source_name
 
         def add_gradients(self, eng, grads, step):
             return {"grads": grads, "step": step}
@@ -502,7 +535,7 @@ def test_an_attached_source_adds_its_gradient_to_the_rest():
     eng = _engine()
     eng.source = Source()
     params = AdversaryParams()
-    out = eng.gradients([_fresh("zsource"), "gaussian"], 3, 5, params)  # matched by value
+    out = eng.gradients([_fresh(source_name), "gaussian"], 3, 5, params)  # matched by value
     assert out["step"] == 5
     np.testing.assert_array_equal(out["grads"]["Z"], gradient(["gaussian"], Z0, L0, 3, 5, params)[0])
     # not named: the source is not asked
@@ -547,8 +580,8 @@ def test_step_settings_accept_the_edges():
     s = StepSettings("qr", "adam", 1e-300, reproject_every=0, reproject_threshold=0.0)
     assert (s.reproject_every, s.reproject_threshold) == (0, 0.0)
     assert StepSettings("qr", "momentum", 5.0, 1, 1e-9).reproject_every == 1
-    assert E.OPTIMIZERS == ("sgd", "momentum", "adam")
-    assert (E.MOMENTUM, E.BETA1, E.BETA2, E.ADAM_EPS) == (0.9, 0.9, 0.999, 1e-8)
+    assert optim.OPTIMIZERS == ("sgd", "momentum", "adam")
+    assert (optim.MOMENTUM, optim.BETA1, optim.BETA2, optim.ADAM_EPS) == (0.9, 0.9, 0.999, 1e-8)
 
 
 def test_resolve_device_without_cuda(monkeypatch):
@@ -583,14 +616,14 @@ def test_torch_engine_on_cpu_emulates_the_policys_matmul(precision, matmul_forma
     assert eng.emulated == emulated
     assert eng.loss_scale == (65536.0 if get_policy(precision).loss_scaling else 1.0)
     assert (eng.good_steps, eng.opt_step, eng.source) == (0, 0, None)
-    assert eng._dtype[get_policy(precision).storage] == {"fp64": torch.float64, "fp32": torch.float32,
+    assert eng.arrays.dtypes[get_policy(precision).storage] == {"fp64": torch.float64, "fp32": torch.float32,
                                                          "bf16": torch.bfloat16, "fp16": torch.float16}[
         get_policy(precision).storage]
 
 
 def test_torch_dtypes_per_format():
     eng = Engine("torch", get_policy("fp32"), StepSettings("qr", "sgd", 0.1), device="cpu")
-    assert eng._dtype == {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
+    assert eng.arrays.dtypes == {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
                           "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -623,7 +656,7 @@ def test_numpy_backend_is_fp64_only_and_backends_are_named():
             Engine(bad, get_policy("fp64"), StepSettings("qr", "sgd", 0.1))
     eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "sgd", 0.1))
     assert isinstance(eng.ops, NumpyOps) and eng.device == "cpu" and eng.emulated == []
-    assert eng.retract is not None and eng._to([1, 2], "fp32").dtype == np.float64
+    assert eng.model.retract is not None and eng.arrays.to([1, 2], "fp32").dtype == np.float64
 
 
 def test_the_interface_units_use_the_factor_precision():
@@ -699,6 +732,43 @@ def test_the_numpy_engine_embeds_through_the_checked_reference():
     PitcheckError (the generic solves would return NaN silently)."""
     eng = Engine(_fresh("numpy"), get_policy("fp64"), StepSettings("none", "sgd", 0.1))
     eng.initialise(Z0, L0)
-    eng.L = np.array([[1.5, 0.0], [np.inf, 0.75]])
+    eng.model.L = np.array([[1.5, 0.0], [np.inf, 0.75]])
     with pytest.raises(PitcheckError, match="finite"):
         eng.embed_all()
+
+
+# ---- the optimizers on their own: plain arrays in, a direction and the moments to keep out ------------
+_G, _M, _V = np.array([2.0, -0.5]), np.array([0.5, 0.5]), np.array([0.25, 1.0])
+
+
+@pytest.mark.parametrize("name,direction,m,v", [
+    ("sgd", _G, _M, _V),
+    ("momentum", 0.9 * _M + _G, 0.9 * _M + _G, _V),
+    ("adam", (0.9 * _M + 0.1 * _G) / (1 - 0.9**3) / (np.sqrt((0.999 * _V + 0.001 * _G**2) / (1 - 0.999**3)) + 1e-8),
+     0.9 * _M + 0.1 * _G, 0.999 * _V + 0.001 * _G**2),
+])
+def test_each_optimizer_turns_a_gradient_into_a_direction_at_step_3(name, direction, m, v):
+    d, (m_new, v_new) = optim.get_optimizer(name)(_G, (_M, _V), 3, NumpyOps())
+    np.testing.assert_allclose(d, direction, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(m_new, m, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(v_new, v, rtol=1e-15, atol=0)
+    assert _M.tolist() == [0.5, 0.5] and _V.tolist() == [0.25, 1.0]  # the moments given are not written into
+
+
+def test_the_optimizer_registry():
+    assert optim.OPTIMIZERS == tuple(optim.OPTIMIZER_FUNCTIONS) == ("sgd", "momentum", "adam")
+    assert optim.MOMENTS == ("m", "v")
+    for bad in ("lion", "Adam", ""):
+        with pytest.raises(PitcheckError, match="unknown optimizer"):
+            optim.get_optimizer(bad)
+
+
+def test_the_loss_scaler_alone():
+    off = amp.LossScaler(False)
+    assert (off.scale, off.scaled(np.array([3.0]))[0], off.overflowed(), off.scale) == (1.0, 3.0, "step skipped", 1.0)
+    off.clean_step()
+    assert off.good_steps == 0
+    on = amp.LossScaler(True)
+    assert on.scaled(np.array([3.0]))[0] == 3.0 * 2.0**16 and on.unscale(2.0**17) == 2.0
+    on.good_steps = 5
+    assert on.overflowed() == "step skipped, loss scale halved" and (on.scale, on.good_steps) == (2.0**15, 0)
