@@ -34,3 +34,23 @@ def test_text_xml_cannot_hold_is_escaped_so_the_file_parses():
     odd = "bad \x01 \x0b name"
     root = ET.fromstring(junit_xml([Suite(odd, [Case(odd, odd, outcome=Outcome(FAILURE, odd, text=odd))])]))
     assert root.find("testsuite/testcase/failure").text == "bad \\x01 \\x0b name"
+
+
+def test_validate_junit_goes_through_the_one_writer_and_parses_with_control_characters():
+    """validate's JUnit is the shared writer's (it wrote its own before, which put a target's control
+    characters into the file raw: a document no XML parser reads)."""
+    import xml.etree.ElementTree as ET
+
+    from pitcheck.validate.checks import CheckResult
+    from pitcheck.validate.result import ValidationResult
+
+    result = ValidationResult("m:f", "float32", "cpu", 8, 2, 3, 0, seconds=1.5, checks=[
+        CheckResult("penrose", "pass"), CheckResult("contract", "fail", 3.0, 1.0, reason="bad\x02 <y>"),
+        CheckResult("shadow", "inconclusive", reason="why"), CheckResult("retraction", "error", reason="boom\x1b")])
+    root = ET.fromstring(result.junit().encode())
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"), suite.get("errors")) == ("4", "1", "1", "1")
+    failure = suite.find("testcase[@name='contract']/failure")
+    assert failure.get("message") == "bad\\x02 <y> (ratio 3, threshold 1)"
+    assert suite.find("testcase[@name='retraction']/error").get("message") == "boom\\x1b"
+    assert suite.find("testcase[@name='shadow']/skipped").get("message") == "inconclusive: why"

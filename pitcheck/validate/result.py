@@ -5,9 +5,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
-from xml.sax.saxutils import escape, quoteattr
 
+from ..junit import ERROR, FAILURE, SKIPPED, Case, Outcome, Suite, junit_xml
 from ..rundir import check_distinct_outputs, check_out_file, write_atomic
 from .checks import CheckResult
 
@@ -95,18 +94,19 @@ class ValidationResult:
         """One JUnit suite: a case per check (inconclusive is skipped), and a `target` case in error first
         when the target could not be run."""
         suite = f"pitcheck.validate[{self.target}-{self.dtype}]"
-        cases = [JUnitCase("target", "error", self.fatal)] if self.fatal else []
+        cases = [Case(suite, "target", outcome=Outcome(ERROR, self.fatal))] if self.fatal else []
         for c in self.checks:
             if c.verdict == "fail":
                 msg = f"{c.reason} (ratio {_fmt(c.value)}, threshold {_fmt(c.threshold)})"
-                cases.append(JUnitCase(c.name, "failure", msg, msg))
+                outcome = Outcome(FAILURE, msg, text=msg)
             elif c.verdict == "error":
-                cases.append(JUnitCase(c.name, "error", c.reason))
+                outcome = Outcome(ERROR, c.reason)
             elif c.verdict == "inconclusive":
-                cases.append(JUnitCase(c.name, "skipped", "inconclusive: " + c.reason))
+                outcome = Outcome(SKIPPED, "inconclusive: " + c.reason)
             else:
-                cases.append(JUnitCase(c.name))
-        return junit_xml(suite, cases, self.seconds)
+                outcome = None
+            cases.append(Case(suite, c.name, outcome=outcome))
+        return junit_xml([Suite(suite, cases, seconds=self.seconds)]).decode() + "\n"
 
     def write(self, json_path: str | None = None, report: str | None = None, junit: str | None = None) -> None:
         for path, text in ((json_path, lambda: json.dumps(self.to_json(), indent=2) + "\n"),
@@ -127,36 +127,6 @@ def check_outputs(json_path: str | None = None, report: str | None = None, junit
     check_distinct_outputs(outputs)
     for option, path in outputs:
         check_output_path(path, option)
-
-
-class JUnitCase(NamedTuple):
-    """A test case: passed (outcome None), or its outcome element (failure, error, skipped) with its
-    message and, if any, body text."""
-    name: str
-    outcome: str | None = None
-    message: str = ""
-    text: str | None = None
-
-
-JUNIT_OUTCOMES = ("failure", "error", "skipped")
-
-
-def junit_xml(suite: str, cases: list[JUnitCase], seconds: float) -> str:
-    """One JUnit XML suite named `suite` (each case's classname too), with its counts and time in seconds."""
-    counts = {kind: sum(c.outcome == kind for c in cases) for kind in JUNIT_OUTCOMES}
-    lines = ['<?xml version="1.0" encoding="utf-8"?>',
-             f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(cases)}" failures="{counts["failure"]}" '
-             f'errors="{counts["error"]}" skipped="{counts["skipped"]}" time="{seconds:.3f}">']
-    for case in cases:
-        if case.outcome is None:
-            body = ""
-        elif case.text is None:
-            body = f"<{case.outcome} message={quoteattr(case.message)}/>"
-        else:
-            body = f"<{case.outcome} message={quoteattr(case.message)}>{escape(case.text)}</{case.outcome}>"
-        lines.append(f"<testcase classname={quoteattr(suite)} name={quoteattr(case.name)}>{body}</testcase>")
-    lines.append("</testsuite></testsuites>")
-    return "\n".join(lines) + "\n"
 
 
 def _fmt(x) -> str:
