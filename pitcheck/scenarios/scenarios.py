@@ -46,6 +46,7 @@ from ..heads import PIT_ONLY
 from ..rundir import METRIC_COLUMNS
 from ..stats import MIN_GROWTH_POINTS
 from ..trajectory import RunConfig, recorded_steps
+from ..heads import get_head
 
 SUITE_DIR = Path(__file__).resolve().parents[2] / "stress"  # the shipped suite, in the source tree
 SOURCES = ("theory", "measured", "user")
@@ -296,7 +297,7 @@ def load_file(path: Path | str) -> list[Scenario]:
         never = set()
         if config.backend != "torch" or not config.shadow:
             never |= set(SHADOW_METRICS)
-        if config.head != "pit":
+        if not get_head(config.head).has_retraction:
             never |= set(PIT_ONLY)
         for c in checks:
             if c.metric in never:

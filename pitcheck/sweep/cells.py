@@ -18,6 +18,7 @@ from ..policy import get_policy
 from ..rundir import read_events, read_manifest, read_metrics, write_atomic
 from ..trajectory import RunBreakdown, RunConfig, initial_state, make_engine, run
 from .grid import Grid, adversary_label, configs
+from ..heads import get_head
 
 COST_STEPS, COST_WARMUP = 20, 3
 
@@ -35,7 +36,7 @@ def cell_name(config) -> str:
     for k in ("steps", "device"):
         d.pop(k)
     digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
-    retraction = config.retraction if config.head == "pit" else "none"
+    retraction = config.retraction if get_head(config.head).has_retraction else "none"
     return (f"{config.precision}-{retraction}-{adversary_label(config.adversary)}-{config.head}-"
             f"{config.vocab}x{config.dim}-{config.optimizer}-lr{config.lr:g}-seed{config.seed}-{digest}")
 
@@ -49,7 +50,7 @@ def cells(grid: Grid) -> list[Cell]:
         if name in seen:
             continue
         seen.add(name)
-        group = (a["retraction"] if a["head"] == "pit" else "-", a["precision"], a["adversary"], a["optimizer"],
+        group = (a["retraction"] if get_head(a["head"]).has_retraction else "-", a["precision"], a["adversary"], a["optimizer"],
                  a["lr"], a["head"], config.vocab, config.dim)
         out.append(Cell(name, config, group))
     return out

@@ -13,6 +13,7 @@ from ..errors import PitcheckError
 from ..gradients import AdversaryParams
 from ..lm import uses_lm
 from ..trajectory import RunConfig
+from ..heads import get_head
 
 AXES = ("retraction", "precision", "adversary", "optimizer", "lr", "head", "shape", "seed")
 GRID_KEYS = ("steps", "records_per_decade", "axes", "fixed", "description")
@@ -202,7 +203,7 @@ def configs(grid: Grid):
         a = dict(zip(AXES, combo))
         vocab, dim = parse_shape(a["shape"])
         backend = fixed.get("backend") or ("numpy" if a["precision"] == "fp64" else "torch")
-        retraction = a["retraction"] if a["head"] == "pit" else RunConfig.retraction
+        retraction = a["retraction"] if get_head(a["head"]).has_retraction else RunConfig.retraction
         try:
             config = RunConfig(**{**fixed, "backend": backend}, precision=a["precision"], retraction=retraction,
                                adversary=adversary_spec(a["adversary"]), optimizer=a["optimizer"], lr=a["lr"],

@@ -19,6 +19,7 @@ from ..trajectory import versions
 from .cells import COST_STEPS, Cell, cell_dir, cells
 from .grid import Grid, parse_shape
 from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, judge, t_instability_lines, verdict_lines
+from ..heads import get_head
 
 PRECISION_COLOURS = {"fp64": "#1f77b4", "fp32": "#2ca02c", "tf32": "#17becf", "bf16": "#d62728",
                      "bf16-mixed": "#ff7f0e", "fp16": "#9467bd", "fp16-mixed": "#8c564b"}
@@ -198,7 +199,7 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     # the plots show the first value of every axis but retraction, precision and adversary
     first = {k: grid.axes[k][0] for k in ("optimizer", "lr", "head")}
     shape = parse_shape(grid.axes["shape"][0])
-    retractions = [r for r in grid.axes["retraction"]] if first["head"] == "pit" else ["-"]
+    retractions = [r for r in grid.axes["retraction"]] if get_head(first["head"]).has_retraction else ["-"]
     precisions, adversaries = grid.axes["precision"], grid.axes["adversary"]
 
     def key(ret, prec, adv):

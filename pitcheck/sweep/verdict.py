@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from .summary import median
+from ..heads import get_head
 
 # beyond this cond(T) the head's solves lose all of fp32's digits: T, not Z, is then the problem
 UNSTABLE_COND_T = 1e8
@@ -48,7 +49,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
     out = []
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     for p in precisions:
-        prow = [r for r in rows if r["precision"] == p and r["head"] == "pit"]
+        prow = [r for r in rows if r["precision"] == p and get_head(r["head"]).has_retraction]
         by_ret: dict[str, list[dict]] = {}
         for r in prow:
             by_ret.setdefault(r["retraction"], []).append(r)
@@ -91,7 +92,7 @@ def t_instability_lines(rows: list[dict]) -> list[str]:
     from the gradient model and learning rate, so they are reported apart from the retractions."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["head"] == "pit" and (r.get("breakdowns_T") or r["max_cond_T"] > UNSTABLE_COND_T):
+        if get_head(r["head"]).has_retraction and (r.get("breakdowns_T") or r["max_cond_T"] > UNSTABLE_COND_T):
             groups.setdefault((r["adversary"], r["optimizer"], r["lr"]), []).append(r)
     lines = []
     for (adv, opt, lr), rs in groups.items():
