@@ -197,7 +197,7 @@ def test_reference_shape_checks_compare_shapes_by_value():
     np.testing.assert_array_equal(reference.logits(big, big, np.ones((1, 300))), np.ones((1, 300)))
 
 
-# ---- certified against the oracle ------------------------------------------------------------------
+# ---- properties, certified against the oracle ----------------------------------------------------
 def test_random_memory_is_orthonormal_to_working_precision(rng):
     Z = reference.random_memory(200, 16, rng)
     assert metrics.orthonormality_ratio(Z, U) < 30  # dqrt01's pass level
