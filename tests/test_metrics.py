@@ -471,7 +471,7 @@ def test_extended_precision_bits_are_the_long_double_significand():
 
 def test_interface_metrics_refuse_a_factor_of_the_wrong_size_with_the_shapes():
     Z = _orthonormal(6, 2)
-    with pytest.raises(PitcheckError, match=r"L \(3, 3\)"):  # the offending shape
+    with pytest.raises(PitcheckError, match=r"Z \(6, 2\), L \(3, 3\), E \(6, 2\)"):  # all three shapes
         metrics.interface_metrics(Z, np.eye(3), Z, U32)
 
 
