@@ -1,15 +1,203 @@
-"""The float64 reference, certified against the 50-digit mpmath oracle in units of u."""
+"""The float64 reference: certified against the 50-digit mpmath oracle (tests/oracle.py) in units of u,
+and its closed-form values and refusals as tables."""
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pitcheck import PitcheckError, metrics, reference
+from tests import oracle
 from tests.helpers import pit_pair
-from pitcheck import PitcheckError, metrics, oracle, reference
 
 U = 2.0**-53
 
 
+# ---- closed forms and refusals --------------------------------------------------------------------
+L2 = np.array([[2.0, 0.0], [1.0, 1.0]])  # T = [[4, 2], [2, 2]], T^{-1} = [[1/2, -1/2], [-1/2, 1]]
+
+
+def test_softplus_inverse_sign_and_closed_form():
+    """softplus(r) = log(1 + e^r): softplus_inverse(log 2) = 0, (log(1 + e)) = 1, (log(1 + e^-3)) = -3."""
+    got = reference.softplus_inverse(np.array([math.log(2.0), math.log1p(math.e), math.log1p(math.exp(-3.0))]))
+    np.testing.assert_allclose(got, [0.0, 1.0, -3.0], rtol=1e-13, atol=1e-15)
+    y = np.geomspace(1e-6, 30, 50)
+    np.testing.assert_allclose(np.logaddexp(0.0, reference.softplus_inverse(y)), y, rtol=1e-12)
+    # for large y the inverse approaches y from below; for small y it is log(y)
+    assert 20.0 - 1e-8 < reference.softplus_inverse(np.array([20.0]))[0] < 20.0
+    assert reference.softplus_inverse(np.array([1e-10]))[0] == pytest.approx(math.log(1e-10), rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [[0.0], [1.0, -1.0]])
+def test_softplus_inverse_refuses_a_non_positive_diagonal(bad):
+    with pytest.raises(PitcheckError):
+        reference.softplus_inverse(np.array(bad))
+
+
+def test_embed_is_two_triangular_solves_with_L_then_L_transpose():
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(reference.embed(Z, L2, [0, 1, 2]), [[0.5, -0.5], [-0.5, 1.0], [0.0, 0.5]])
+    np.testing.assert_array_equal(reference.embed(Z, L2, [2, 0]), [[0.0, 0.5], [0.5, -0.5]])
+    np.testing.assert_array_equal(reference.embedding_matrix(Z, L2), reference.embed(Z, L2, [0, 1, 2]))
+    assert reference.embed(Z, L2, np.array([], dtype=np.int64)).shape == (0, 2)
+
+
+def test_logits_and_head_matrix_are_T_times_Z_transpose():
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    W = reference.head_matrix(Z, L2)
+    np.testing.assert_array_equal(W, [[4.0, 2.0, 6.0], [2.0, 2.0, 4.0]])
+    h = np.array([[1.0, 0.0], [0.0, -1.0]])
+    np.testing.assert_array_equal(reference.logits(Z, L2, h), h @ W)
+    Zo = np.array([[0.6, 0.0], [0.0, 1.0], [0.8, 0.0]])
+    np.testing.assert_allclose(reference.head_matrix(Zo, L2) @ reference.embedding_matrix(Zo, L2), np.eye(2), atol=1e-15)
+
+
+
+@pytest.mark.parametrize("h", [np.ones(2), np.ones((1, 3)), np.ones((1, 2, 2)), np.ones((1, 1))],
+                         ids=["1-D", "1x3", "3-D", "1x1"])
+def test_logits_refuse_hidden_states_that_are_not_B_by_D(h):
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    with pytest.raises(PitcheckError, match="B x 2"):  # the D expected
+        reference.logits(Z, L2, h)
+
+
+def test_check_ids_and_shapes():
+    np.testing.assert_array_equal(reference.check_ids([0, 4], 5), [0, 4])
+    np.testing.assert_array_equal(reference.check_ids([1, 3], 5), [1, 3])
+    reference.check_shapes(3, 3)
+    reference.check_shapes(1, 1)
+
+
+@pytest.mark.parametrize("ids", [[5], [-1], [0.0], [7]])
+def test_check_ids_refuses_ids_out_of_range_or_not_integers(ids):
+    with pytest.raises(PitcheckError):
+        reference.check_ids(ids, 5)
+
+
+@pytest.mark.parametrize("vocab, dim", [(2, 3), (0, 0), (3, 0), (0, 1)])
+def test_check_shapes_refuses_empty_and_wide_memories(vocab, dim):
+    with pytest.raises(PitcheckError):
+        reference.check_shapes(vocab, dim)
+
+
+def test_random_memory_is_the_sign_fixed_q_of_the_seeded_gaussian():
+    # seed 2: LAPACK's R has diagonal signs (-, +, -), so the sign fix has work to do
+    Z = reference.random_memory(9, 3, np.random.default_rng(2))
+    G = np.random.default_rng(2).standard_normal((9, 3))
+    Rf = Z.T @ G  # = R with diag(R) > 0
+    np.testing.assert_allclose(np.tril(Rf, -1), 0, atol=1e-14)
+    assert (np.diag(Rf) > 0).all()
+    np.testing.assert_allclose(Z.T @ Z, np.eye(3), atol=1e-15)
+
+
+def test_polar_memory_is_P_Q_transpose():
+    P = np.linalg.qr(np.random.default_rng(1).standard_normal((6, 2)))[0]
+    c, s = math.cos(0.4), math.sin(0.4)
+    Q = np.array([[c, -s], [s, c]])
+    np.testing.assert_allclose(reference.polar_memory((P * [3.0, 0.1]) @ Q.T), P @ Q.T, atol=1e-14)
+    # rank deficiency: s_min <= s_max V eps
+    eps = np.finfo(np.float64).eps
+    with pytest.raises(PitcheckError):
+        reference.polar_memory((P * [1.0, 0.5 * 6 * eps]) @ Q.T)
+    reference.polar_memory((P * [1.0, 4 * 6 * eps]) @ Q.T)
+
+
+@pytest.mark.parametrize("bad", [np.ones(3), np.full((3, 2), np.nan), np.ones((2, 3)), np.ones((3, 2, 2))],
+                         ids=["1-D", "nan", "wide", "3-D"])
+def test_polar_memory_refuses_what_is_not_a_finite_tall_matrix(bad):
+    with pytest.raises(PitcheckError):
+        reference.polar_memory(bad)
+
+
+def test_spd_with_condition_has_geometric_eigenvalues_from_one_to_one_over_cond():
+    T = reference.spd_with_condition(4, 1000.0, np.random.default_rng(0))
+    np.testing.assert_allclose(np.linalg.eigvalsh(T)[::-1], [1.0, 0.1, 0.01, 0.001], rtol=1e-12)
+    np.testing.assert_array_equal(T, T.T)
+    assert reference.spd_with_condition(1, 5.0, np.random.default_rng(0)).tolist() == [[1.0]]
+    np.testing.assert_allclose(reference.spd_with_condition(3, 1.0, np.random.default_rng(0)), np.eye(3), atol=1e-15)
+    with pytest.raises(PitcheckError):
+        reference.spd_with_condition(3, 0.99, np.random.default_rng(0))
+    # the eigenvectors are a sign-fixed Haar draw: seeded
+    np.testing.assert_array_equal(T, reference.spd_with_condition(4, 1000.0, np.random.default_rng(0)))
+
+
+def test_cholesky_factor_is_lower_and_refuses_what_is_not_spd():
+    T = np.array([[4.0, 2.0], [2.0, 2.0]])
+    np.testing.assert_array_equal(reference.cholesky_factor(T), L2)
+    # a relative asymmetry of 1e-13 passes, of 1e-11 is refused
+    reference.cholesky_factor(T + np.array([[0.0, 4e-13], [0.0, 0.0]]))
+
+
+# a batch of two SPD matrices equals its own t.T (all axes reversed): not a T all the same
+SPD_BATCH = np.array([[[2.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 2.0]]])
+
+
+@pytest.mark.parametrize("bad", [
+    np.array([[4.0, 2.0 + 4e-11], [2.0, 2.0]]),  # a relative asymmetry of 1e-11
+    np.ones((2, 3)), np.ones(2), np.array([[1.0, 2.0], [2.0, 1.0]]), np.array([[np.inf, 0.0], [0.0, 1.0]]),
+    SPD_BATCH, np.ones((3, 2)),
+], ids=["asymmetric", "2x3", "1-D", "indefinite", "inf", "batch", "3x2"])
+def test_cholesky_factor_refuses_what_is_not_one_spd_matrix(bad):
+    with pytest.raises(PitcheckError):
+        reference.cholesky_factor(bad)
+
+
+@pytest.mark.parametrize("L", [np.array([[1.0, 0.0], [np.inf, 1.0]]), np.array([[1.0, 0.0], [1.0, -1.0]]),
+                               np.array([[1.0, 0.0], [1.0, 0.0]]), np.eye(3), np.eye(1)],
+                         ids=["inf", "negative", "zero", "3x3", "1x1"])
+def test_embed_refuses_a_factor_that_is_not_finite_positive_and_D_by_D(L):
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    with pytest.raises(PitcheckError, match="2 x 2"):  # the shape expected
+        reference.embed(Z, L, [0])
+
+
+def test_polar_memory_of_one_column_is_the_normalised_column():
+    np.testing.assert_allclose(reference.polar_memory(np.array([[3.0], [4.0]])), [[0.6], [0.8]], rtol=1e-15)
+
+
+def test_embed_keeps_a_non_finite_memory_row_in_its_row():
+    """The solves run without scipy's finiteness check: a NaN row of Z gives a NaN embedding row and
+    leaves the other rows exact (what the validator's bad_input check asks of a target)."""
+    Z = np.array([[1.0, 0.0], [np.nan, 1.0], [1.0, 1.0]])
+    E = reference.embed(Z, L2, [0, 1, 2])
+    assert np.isnan(E[1]).all()
+    np.testing.assert_array_equal(E[[0, 2]], [[0.5, -0.5], [0.0, 0.5]])
+
+
+def test_cholesky_factor_symmetry_tolerance_is_relative_to_the_largest_entry():
+    T = np.array([[4.0, 2.0], [2.0, 2.0]])  # max |t| = 4: tolerance 4e-12
+    reference.cholesky_factor(T + np.array([[0.0, 2e-12], [0.0, 0.0]]))
+    with pytest.raises(PitcheckError, match="not symmetric"):
+        reference.cholesky_factor(T + np.array([[0.0, 6e-12], [0.0, 0.0]]))
+    assert reference.cholesky_factor(np.eye(300)).shape == (300, 300)  # shapes compared by value
+
+
+def test_spd_with_condition_of_dimension_two_spans_one_to_one_over_cond():
+    T = reference.spd_with_condition(2, 100.0, np.random.default_rng(1))
+    np.testing.assert_allclose(np.linalg.eigvalsh(T), [0.01, 1.0], rtol=1e-13)
+
+
+def test_random_memory_fixes_every_negative_pivot_and_only_those():
+    # seed 1, 4 x 4: LAPACK's pivots are (-1.27, 0.68, 0.77, -0.75): small positive ones must stay
+    Z = reference.random_memory(4, 4, np.random.default_rng(1))
+    Rf = Z.T @ np.random.default_rng(1).standard_normal((4, 4))
+    assert (np.diag(Rf) > 0).all()
+    np.testing.assert_allclose(np.tril(Rf, -1), 0, atol=1e-14)
+
+
+def test_check_shapes_names_an_empty_size_as_not_positive():
+    with pytest.raises(PitcheckError, match="positive"):
+        reference.check_shapes(0, 1)
+
+
+def test_reference_shape_checks_compare_shapes_by_value():
+    assert np.array_equal(SPD_BATCH, SPD_BATCH.T)  # what makes the batch a hard case for the symmetry test
+    big = np.eye(300)  # shapes compared by value: 300 is not a cached small int
+    np.testing.assert_array_equal(reference.logits(big, big, np.ones((1, 300))), np.ones((1, 300)))
+
+
+# ---- properties, certified against the oracle ----------------------------------------------------
 def test_random_memory_is_orthonormal_to_working_precision(rng):
     Z = reference.random_memory(200, 16, rng)
     assert metrics.orthonormality_ratio(Z, U) < 30  # dqrt01's pass level
@@ -104,11 +292,6 @@ def test_orthonormality_loss_certified_against_oracle(rng):
     exact = oracle.orthonormality_loss(Z)
     # the float64 Gram has error ~ V u per entry
     assert abs(metrics.orthonormality_loss(Z) - exact) <= 2 * 100 * U * np.sqrt(10)
-
-
-def test_oracle_refuses_large_sizes():
-    with pytest.raises(PitcheckError, match="oracle"):
-        oracle.embed(np.zeros((300, 4)), np.eye(4), [0])
 
 
 def test_pinv_error_certified_against_oracle_pinv():

@@ -1,8 +1,8 @@
 """Planted bugs in the issue-20 retractions, one line each, and the guarding test that must go red.
 
 Each case patches pitcheck.retractions (a coefficient, a constant, a function) the way a one-line bug
-would change it, runs the guard from test_pins_retractions / test_retractions, and asserts it fails;
-the unpatched guard passing is checked by those files themselves.
+would change it, runs the guard from test_retractions, and asserts it fails; the unpatched guard
+passing is checked by that file itself.
 """
 import math
 
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from pitcheck import retractions as R
-from tests import test_pins_retractions as pins
-from tests import test_retractions as general
+from tests import test_retractions as guards
 
 
 def _sign_fix_dropped(Z, xi, ops=None, oversample=R.RCQR_OVERSAMPLE):
@@ -41,31 +40,31 @@ PLANTED = {
                                (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
                                (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
                                (1.875, -1.25, 0.375))),
-        pins.test_polar_express_coefficients_are_the_papers_minimax_polynomials, ()),
+        guards.test_polar_express_coefficients_are_the_papers_minimax_polynomials, ()),
     "polar-express: safety factor applied to the last polynomial too": (
         lambda mp: mp.setattr(R, "polar_express_schedule", lambda steps, safety=1.01: [
             (a / safety, b / safety**3, c / safety**5) for a, b, c in R.POLAR_EXPRESS_COEFFICIENTS][:steps]
             + [(1.875 / safety, -1.25 / safety**3, 0.375 / safety**5)] * max(0, steps - 8)),
-        pins.test_polar_express_converges_with_enough_steps, ()),
+        guards.test_polar_express_converges_with_enough_steps, ()),
     "gram-ns: restart skipped": (
         lambda mp: mp.setattr(R, "GRAM_NS_RESTARTS", ()),
-        pins.test_gram_ns_is_the_polar_express_iteration_on_the_gram_matrix, ((2,),)),
+        guards.test_gram_ns_is_the_polar_express_iteration_on_the_gram_matrix, ((2,),)),
     "gram-ns: restart skipped (half precision)": (
         lambda mp: mp.setattr(R.retract_gram_ns, "__defaults__", (5, ())),
-        pins.test_gram_ns_restart_is_what_keeps_half_precision_stable, ()),
+        guards.test_gram_ns_restart_is_what_keeps_half_precision_stable, ()),
     "rcqr: sign fix of the sketch's R dropped": (
         lambda mp: mp.setitem(R.RETRACTIONS, "rcqr", _sign_fix_dropped),
-        pins.test_qr_retractions_agree_on_a_generic_point, ("rcqr",)),
+        guards.test_qr_retractions_agree_on_a_generic_point, ("rcqr",)),
     "cholqr3-shifted: shift constant 11 -> 0 (plain cholqr3)": (
         lambda mp: mp.setattr(R, "SHIFTED_CHOLQR_CONSTANT", 0),
-        pins.test_cholqr3_shifted_handles_what_breaks_cholqr2, ()),
+        guards.test_cholqr3_shifted_handles_what_breaks_cholqr2, ()),
     "landing: attraction evaluated at Z + xi": (
         lambda mp: mp.setitem(R.RETRACTIONS, "landing", _landing_attraction_at_y),
-        general.test_landing_agrees_with_the_euclidean_step_on_the_manifold, ()),
+        guards.test_landing_agrees_with_the_euclidean_step_on_the_manifold, ()),
     "landing: attraction sign flipped": (
         lambda mp: mp.setattr(R, "LANDING_STEP", -0.5) or mp.setattr(
             R.retract_landing, "__defaults__", (1.0, -0.5)),
-        pins.test_issue_20_names_are_registered_and_labelled, ()),
+        guards.test_issue_20_names_are_registered_and_labelled, ()),
 }
 
 

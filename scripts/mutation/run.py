@@ -47,20 +47,22 @@ FAST = ["-x", "-q", "--assert=plain", "-p", "no:cacheprovider", "-p", "_hypothes
 DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_form_a_v_by_v"
             " and not embedding_certified_against_oracle"]
 
-# module -> the tests that judge it (missing files are ignored)
+# module -> the tests that judge it (missing files are ignored). The mpmath oracle is a test helper
+# (tests/oracle.py), not a module of pitcheck: it is not mutated here. The test_pins_* names after the
+# module's own test file are the boundary tables not yet folded into it (issue 15): once folded they no
+# longer exist and are ignored; delete them then.
 MODULES: dict[str, list[str]] = {
-    "metrics": ["tests/test_pins_metrics.py", "tests/test_metrics.py", "tests/test_metrics_validation.py"],
-    "reference": ["tests/test_pins_reference.py", "tests/test_reference.py"],
-    "retractions": ["tests/test_pins_retractions.py", "tests/test_retractions.py"],
-    "formats": ["tests/test_pins_formats_policy.py", "tests/test_formats.py"],
-    "policy": ["tests/test_pins_formats_policy.py"],
+    "metrics": ["tests/test_metrics.py", "tests/test_metrics_validation.py"],
+    "reference": ["tests/test_reference.py"],
+    "retractions": ["tests/test_retractions.py"],
+    "formats": ["tests/test_formats.py", "tests/test_pins_formats_policy.py"],
+    "policy": ["tests/test_formats.py", "tests/test_policy.py", "tests/test_pins_formats_policy.py"],
     "scaling": ["tests/test_scaling.py"],
-    "oracle": ["tests/test_pins_oracle.py", "tests/test_pins_oracle_resolution.py"],
-    "validate/checks": ["tests/test_pins_checks.py", "tests/test_validate_checks.py"],
-    "arrays": ["tests/test_pins_arrays.py"],
-    "engine": ["tests/test_pins_engine.py"],
-    "gradients": ["tests/test_pins_gradients.py", "tests/test_gradients.py"],
-    "events": ["tests/test_pins_events.py"],
+    "validate/checks": ["tests/test_validate_checks.py", "tests/test_pins_checks.py"],
+    "arrays": ["tests/test_arrays.py"],
+    "engine": ["tests/test_engine.py", "tests/test_pins_engine.py"],
+    "gradients": ["tests/test_gradients.py", "tests/test_pins_gradients.py"],
+    "events": ["tests/test_events.py", "tests/test_pins_events.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 

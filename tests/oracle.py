@@ -1,15 +1,16 @@
 """High-precision oracle: the PIT maps in mpmath at 50 significant digits, for small sizes.
 
-Used to certify the float64 reference in units of u. Inputs are float64 arrays, converted exactly; the
-oracle computes the exact-arithmetic answer for those inputs (to 50 digits) and returns float64 values
-or mpmath matrices. mpmath has no pinv or matrix polar: both are built from its SVD.
+A test helper (nothing in pitcheck/ imports it): certifies the float64 reference in units of u. Inputs
+are float64 arrays, converted exactly; the oracle computes the exact-arithmetic answer for those inputs
+(to 50 digits) and returns float64 values or mpmath matrices. mpmath has no pinv or matrix polar: both
+are built from its SVD.
 """
 from __future__ import annotations
 
 import mpmath
 import numpy as np
 
-from .errors import PitcheckError
+from pitcheck.errors import PitcheckError
 
 DIGITS = 50
 MAX_VOCAB, MAX_DIM = 256, 32

@@ -1,4 +1,4 @@
-"""Pins of pitcheck.arrays: the numpy and torch namespaces agree op by op, and the reduced-precision
+"""pitcheck.arrays: the numpy and torch namespaces agree op by op, and the reduced-precision
 matmul emulation rounds exactly as the hardware contract says (tf32 operands to 11 bits, ties to even;
 bf16/fp16 operands cast and the fp32-accumulated product rounded back to the low format)."""
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pitcheck.arrays import NumpyOps, TorchOps, ops_for, round_float32
-from pitcheck.formats import FORMATS, round_to
+from pitcheck.formats import FORMATS, Format, round_to
 
 TF32, BF16, FP16 = FORMATS["tf32"], FORMATS["bf16"], FORMATS["fp16"]
 
@@ -16,23 +16,31 @@ def _t32(values):
 
 
 # ---- tf32 operand rounding ---------------------------------------------------------------------------
+# tf32 keeps 11 significand bits: near 1 the spacing is 2^-10, so 1 + 2^-11 is an exact tie. Ties go to the
+# even neighbour (both directions of a tie, both signs); in [1/2, 1) the spacing is 2^-11. Off a tie the
+# nearest wins (1 + 2^-11 +- 2^-20); values with 11 bits are kept exactly.
+Q11 = 2.0**-11
+TF32_ROUNDING = [  # (x, rounded to tf32)
+    (1 + Q11, 1.0), (1 + 3 * Q11, 1 + 4 * Q11), (1 + 5 * Q11, 1 + 4 * Q11), (-(1 + Q11), -1.0),
+    (-(1 + 3 * Q11), -(1 + 4 * Q11)), (2 + 2 * Q11, 2.0), (0.75 + Q11 / 2, 0.75), (0.75 + 3 * Q11 / 2, 0.75 + 2 * Q11),
+    (1 + Q11 + 2.0**-20, 1 + 2 * Q11), (1 + Q11 - 2.0**-20, 1.0), (1 + 2 * Q11, 1 + 2 * Q11), (1 + 2.0**-23, 1.0),
+    (3.0, 3.0), (-1.5, -1.5),
+]
+
+
 def test_tf32_rounding_of_exact_ties_goes_to_even():
-    """tf32 keeps 11 significand bits: near 1 the spacing is 2^-10, so 1 + 2^-11 is an exact tie.
-    Even neighbours: 1 + 2^-11 -> 1, 1 + 3 2^-11 -> 1 + 2^-9 (both directions of a tie, both signs);
-    in [1/2, 1) the spacing is 2^-11: 3/4 + 2^-12 -> 3/4, 3/4 + 3 2^-12 -> 3/4 + 2^-10."""
-    q = 2.0**-11
-    x = _t32([1 + q, 1 + 3 * q, 1 + 5 * q, -(1 + q), -(1 + 3 * q), 2 + 2 * q, 0.75 + q / 2, 0.75 + 3 * q / 2])
-    want = [1.0, 1 + 4 * q, 1 + 4 * q, -1.0, -(1 + 4 * q), 2.0, 0.75, 0.75 + 2 * q]
+    """The ties of the table, all in one tensor (the bit trick works on whole tensors)."""
+    x = _t32([x for x, _ in TF32_ROUNDING[:8]])
+    want = [w for _, w in TF32_ROUNDING[:8]]
     assert round_float32(x, TF32).tolist() == want
     # the same through the module's general rounding (the reference the bit trick must agree with)
     assert round_to(x, TF32).tolist() == want
 
 
-def test_tf32_rounding_keeps_11_bits_not_12():
-    """Off a tie: 1 + 2^-11 + 2^-20 is nearer 1 + 2^-10; values with 11 bits are kept exactly."""
-    q = 2.0**-11
-    x = _t32([1 + q + 2.0**-20, 1 + q - 2.0**-20, 1 + 2 * q, 1 + 2.0**-23, 3.0, -1.5])
-    assert round_float32(x, TF32).tolist() == [1 + 2 * q, 1.0, 1 + 2 * q, 1.0, 3.0, -1.5]
+@pytest.mark.parametrize("x, want", TF32_ROUNDING)
+def test_tf32_rounding_keeps_11_bits_not_12(x, want):
+    assert round_float32(_t32([x]), TF32).item() == want
+    assert round_to(_t32([x]), TF32).item() == want
 
 
 def test_round_float32_bf16_ties_and_non_finite_pass_through():
@@ -60,7 +68,6 @@ def test_round_float32_hands_other_formats_and_dtypes_to_round_to():
     assert round_float32(d, TF32).dtype == torch.float64
     assert round_float32(d, TF32).item() == 1 + 2.0**-10
     # a format with fp32's range but not its emin/emax both (a made-up one) goes the general way too
-    from pitcheck.formats import Format
     odd = Format("odd", 11, 127, -14)  # 2^-20 is subnormal there: quantum 2^-24, so 2^-25 is a tie (to even)
     assert round_float32(_t32([2.0**-20 + 2.0**-25]), odd).item() == 2.0**-20
     wide = Format("wide", 11, 127, -149)  # normal down to 2^-149: 2^-140 is kept (the bit trick would flush it)
@@ -218,14 +225,13 @@ def test_torch_ops_to_numpy_is_float64_and_detached():
     assert NumpyOps().to_numpy([1, 2]).dtype == np.float64
 
 
-def test_isfinite_all_torch_sees_one_bad_entry_at_either_end():
-    ops = TorchOps()
-    assert ops.isfinite_all(torch.tensor([float("inf"), 1.0])) is False
-    assert ops.isfinite_all(torch.tensor([1.0, float("-inf")])) is False
-    assert ops.isfinite_all(torch.tensor([float("nan"), 1.0])) is False
-    assert ops.isfinite_all(torch.tensor([1.0, 2.0])) is True
-    assert ops.isfinite_all(torch.tensor([float("nan")])) is False  # one entry: not the empty case
-    assert ops.isfinite_all(torch.tensor([3.0])) is True
+@pytest.mark.parametrize("values, finite", [
+    ([float("inf"), 1.0], False), ([1.0, float("-inf")], False), ([float("nan"), 1.0], False), ([1.0, 2.0], True),
+    ([float("nan")], False),  # one entry: not the empty case
+    ([3.0], True),
+])
+def test_isfinite_all_torch_sees_one_bad_entry_at_either_end(values, finite):
+    assert TorchOps().isfinite_all(torch.tensor(values)) is finite
 
 
 def test_ops_for_picks_the_library_of_its_argument():
