@@ -73,6 +73,12 @@ def lm_overrides(args) -> dict:
     return over
 
 
+def default_backend(precision: str) -> str:
+    """The backend a precision runs on when none is given, as compare chooses: fp64 is the numpy reference,
+    every other precision needs torch."""
+    return "numpy" if precision == "fp64" else "torch"
+
+
 def run_config(args, **over):
     from ..trajectory import RunConfig, teacher_shape
 
@@ -86,7 +92,7 @@ def run_config(args, **over):
     shape = teacher_shape(args.teacher) if args.teacher else args.default_shape
     values["vocab"] = shape[0] if args.vocab is None else args.vocab
     values["dim"] = shape[1] if args.dim is None else args.dim
-    return replace(RunConfig(), **values, **over)
+    return replace(RunConfig(), **{**values, **over})
 
 
 def import_torch_holding_ctrl_c() -> None:
