@@ -1,5 +1,8 @@
 """What several verbs' command lines share: the trajectory options, the lm source's options, a RunConfig
-from parsed arguments, and importing torch with Ctrl-C held."""
+from parsed arguments, and importing torch with Ctrl-C held.
+
+The library is imported inside the functions here and in each verb's module: every verb's parser is built
+at start-up, and `pitcheck --help` should not wait for numpy, scipy and the model."""
 from __future__ import annotations
 
 import argparse

@@ -16,7 +16,7 @@ from ..metrics import EXTENDED_BITS
 from ..rundir import (CHECKPOINT, CSV_COLUMNS, EVENTS, LOSS_COLUMNS, MANIFEST, METRICS, RunDir, csv_bytes,
                       events_bytes, manifest_bytes, npz_bytes)
 from ..sources import STATEFUL_SOURCES, stateful_source
-from .config import RunConfig, _is_int, recorded_steps
+from .config import RunConfig, is_int, recorded_steps
 from .step import Lockstep
 from .teacher import teacher_source
 
@@ -150,7 +150,7 @@ class Resume:
                 raise self.refuse(f"{input_file(key, self.config)} changed since the run started (its SHA-256 was "
                                   f"{str(manifest[key])[:12]}..., is {str(digest)[:12]}...): the run would mix two states")
         written_steps = manifest["config"].get("steps")
-        if not _is_int(written_steps) or written_steps < 0:
+        if not is_int(written_steps) or written_steps < 0:
             raise self.refuse(f"{MANIFEST}'s steps is {written_steps!r}")
         return written_steps
 

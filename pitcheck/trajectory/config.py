@@ -26,7 +26,7 @@ MAX_COND = 1e15
 MAX_STEPS = 10**12
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
@@ -70,7 +70,7 @@ class RunConfig:
         if not isinstance(self.adversary_params, AdversaryParams):
             raise PitcheckError(f"adversary_params must be a table, got {self.adversary_params!r}")
         for name in ("vocab", "dim", "steps", "seed", "reproject_every", "records_per_decade"):
-            if not _is_int(getattr(self, name)):
+            if not is_int(getattr(self, name)):
                 raise PitcheckError(f"{name} must be an integer, got {getattr(self, name)!r}")
         for name in ("lr", "cond", "reproject_threshold"):
             value = getattr(self, name)
@@ -156,7 +156,7 @@ def check_device_present(device: str) -> None:
     """A CUDA device asked for is one torch sees on this machine."""
     if not device.startswith("cuda"):
         return
-    import torch
+    import torch  # deferred: seconds to import, and only a CUDA device needs it here
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     index = int(device.partition(":")[2] or 0)

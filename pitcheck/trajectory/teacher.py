@@ -32,7 +32,7 @@ def _is_safetensors(spec: str) -> bool:
 
 def _open_safetensors(path: str):
     try:
-        from safetensors import safe_open
+        from safetensors import safe_open  # an optional extra (pitcheck[lm]), needed only for this format
     except ImportError:
         raise PitcheckError(f"reading the teacher {path} needs the safetensors package: "
                             "pip install 'pitcheck[lm]' (or pip install safetensors)") from None
@@ -112,7 +112,7 @@ def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
 def load_teacher(path: str) -> np.ndarray:
     teacher_header(path)
     if _is_safetensors(path):
-        import torch
+        import torch  # deferred: seconds to import; safetensors hands its tensors to torch
 
         file, name = teacher_source(path)
         try:
