@@ -76,12 +76,6 @@ def lm_overrides(args) -> dict:
     return over
 
 
-def default_backend(precision: str) -> str:
-    """The backend a precision runs on when none is given, as compare chooses: fp64 is the numpy reference,
-    every other precision needs torch."""
-    return "numpy" if precision == "fp64" else "torch"
-
-
 def run_config(args, **over):
     from ..trajectory import RunConfig, teacher_shape
 

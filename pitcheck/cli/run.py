@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_lm_options, add_run_options, default_backend, lm_overrides, run_config
+from .common import add_lm_options, add_run_options, lm_overrides, run_config
 
 NEEDS_TORCH = True
 
@@ -31,7 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args) -> int:
-    from ..trajectory import run, skipped_steps
+    from ..trajectory import default_backend, run, skipped_steps
 
     progress = False if args.no_progress else None  # None: a bar only on a terminal
     cfg = run_config(args, backend=args.backend or default_backend(args.precision), shadow=not args.no_shadow,

@@ -13,7 +13,8 @@ memory (refusing a V x D that cannot fit), step (the model and its shadow in loc
 manifest, the commit, resuming), loop (Trajectory: the loop, its signals and progress; `run`).
 """
 from .checkpoint import input_hashes, versions
-from .config import MAX_COND, MAX_STEPS, RunConfig, check_device, check_device_present, recorded_steps
+from .config import (MAX_COND, MAX_STEPS, RunConfig, check_device, check_device_present, default_backend,
+                     recorded_steps)
 from .loop import RunBreakdown, Trajectory, run, skipped_steps
 from .memory import available_memory, check_memory
 from .step import Lockstep, initial_state, make_engine
@@ -26,6 +27,6 @@ from ..progress import Progress  # noqa: E402,F401  pitcheck.progress
 from ..rundir import METRIC_COLUMNS, read_events, read_metrics  # noqa: E402,F401  pitcheck.rundir
 
 __all__ = ["MAX_COND", "MAX_STEPS", "Lockstep", "RunBreakdown", "RunConfig", "Trajectory", "available_memory",
-           "check_device", "check_device_present", "check_memory", "initial_state", "input_hashes", "load_teacher",
-           "make_engine", "recorded_steps", "run", "skipped_steps", "teacher_header", "teacher_shape",
-           "teacher_source", "versions"]
+           "check_device", "check_device_present", "check_memory", "default_backend", "initial_state",
+           "input_hashes", "load_teacher", "make_engine", "recorded_steps", "run", "skipped_steps", "teacher_header",
+           "teacher_shape", "teacher_source", "versions"]

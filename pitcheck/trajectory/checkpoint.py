@@ -147,8 +147,9 @@ class Resume:
         for key, digest in self.inputs.items():
             # a directory of an older pitcheck may lack a hash: nothing to compare it with
             if manifest.get(key) is not None and manifest[key] != digest:
-                raise self.refuse(f"{input_file(key, self.config)} changed since the run started (its SHA-256 was "
-                                  f"{str(manifest[key])[:12]}..., is {str(digest)[:12]}...): the run would mix two states")
+                raise self.refuse(f"{input_file(key, self.config)} changed since the run started (its SHA-256 "
+                                  f"was {str(manifest[key])[:12]}..., is {str(digest)[:12]}...): the run would mix "
+                                  "two states")
         written_steps = manifest["config"].get("steps")
         if not is_int(written_steps) or written_steps < 0:
             raise self.refuse(f"{MANIFEST}'s steps is {written_steps!r}")

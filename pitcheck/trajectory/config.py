@@ -143,6 +143,12 @@ class RunConfig:
 DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z", re.ASCII)
 
 
+def default_backend(precision: str) -> str:
+    """The backend a precision runs on when none is given: fp64 on the numpy reference, every other
+    precision on torch (compare's cells and `pitcheck run` alike)."""
+    return "numpy" if precision == "fp64" else "torch"
+
+
 def check_device(device: str, backend: str) -> None:
     """auto, cpu or cuda[:N], and CUDA only on the torch backend."""
     if not DEVICE.match(device):
