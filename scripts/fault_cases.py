@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pitcheck import PitcheckError, metrics, reference
+from pitcheck.events import EventKind
 from pitcheck.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +44,8 @@ KILL_COMPARE = ["compare", "--precisions", "fp64", "--retractions", "qr,cayley",
                 "--adversary", "gaussian", "--seed", "0", "--steps", "60", "--no-progress"]
 RUN_FILES = ("metrics.csv", "events.jsonl", "checkpoint.npz")
 # events that say a numerical fault was met, most telling first
-FAULT_EVENTS = ("breakdown", "nonfinite_metric", "nonfinite_state", "nonfinite_gradient", "gradient_overflow")
+FAULT_EVENTS = tuple(kind.value for kind in (EventKind.BREAKDOWN, EventKind.NONFINITE_METRIC, EventKind.NONFINITE_STATE,
+                                             EventKind.NONFINITE_GRADIENT, EventKind.GRADIENT_OVERFLOW))
 U64 = 2.0**-53
 
 GROUPS = ["hang", "never-resumable", "lost history", "silent overwrite / wrong numbers", "tracebacks",

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from pitcheck import PitcheckError, cli, rundir
-from pitcheck.rundir import npz_bytes
+from pitcheck.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
 from tests.helpers import damage_run_file
-from pitcheck.trajectory import METRIC_COLUMNS, RunConfig, read_events, read_metrics, run, skipped_steps
+from pitcheck.trajectory import RunConfig, run, skipped_steps
 
 TINY = ["--vocab", "64", "--dim", "4", "--steps", "20", "--adversary", "gaussian,nonfinite", "--no-progress"]
 CLI = "import sys; from pitcheck.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -400,12 +400,12 @@ def test_plot_paths(tmp_path, capsys, finished):
 
 
 def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys, tmp_path):
-    from pitcheck import trajectory
+    from pitcheck.trajectory import checkpoint
 
     def interrupted(*_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trajectory, "versions", interrupted)  # in the middle of setting the run up
+    monkeypatch.setattr(checkpoint, "versions", interrupted)  # in the middle of setting the run up
     assert cli.main(["run", *TINY, "--out", str(tmp_path / "run")]) == 130
     assert capsys.readouterr().err.strip() == "pitcheck: interrupted"
     monkeypatch.undo()

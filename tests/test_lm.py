@@ -21,8 +21,8 @@ from pitcheck.lm import LMParams, lm_params
 from pitcheck.lm.corpus import MAX_VOCAB, MIN_VOCAB, load_corpus, split_text
 from pitcheck.lm.model import Head, LMSource
 from pitcheck.policy import get_policy
-from pitcheck.rundir import LOSS_COLUMNS
-from pitcheck.trajectory import RunConfig, Trajectory, initial_state, make_engine, read_metrics, run
+from pitcheck.rundir import LOSS_COLUMNS, read_metrics
+from pitcheck.trajectory import RunConfig, Trajectory, initial_state, make_engine, run
 
 SMALL = LMParams(seq_len=16, sequences=4, layers=1, body_lr=3e-3, eval_sequences=8)
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pitcheck import PitcheckError, trajectory
-from pitcheck.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS
-from pitcheck.trajectory import RunConfig, read_metrics, run
+from pitcheck.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS, read_metrics
+from pitcheck.trajectory import RunConfig, run
 
 SMALL = RunConfig(vocab=32, dim=4, steps=6, records_per_decade=4)
 

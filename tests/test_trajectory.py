@@ -5,8 +5,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, cli, engine, metrics, reference, trajectory
-from pitcheck.trajectory import RunConfig, read_events, read_metrics, recorded_steps, run
+from pitcheck import PitcheckError, cli, engine, metrics, reference
+from pitcheck.progress import Progress
+from pitcheck.rundir import METRIC_COLUMNS, read_events, read_metrics
+from pitcheck.trajectory import RunConfig, recorded_steps, run
 
 U = 2.0**-53
 
@@ -33,7 +35,7 @@ def test_run_writes_directory_and_last_row_matches_checkpoint(tmp_path):
     assert read_events(tmp_path / "events.jsonl") == []
     again = metrics.interface_metrics(Z, L, reference.embedding_matrix(Z, L), U)
     last = read_metrics(tmp_path / "metrics.csv")[-1]
-    for key in trajectory.METRIC_COLUMNS[1:-3]:
+    for key in METRIC_COLUMNS[1:-3]:
         assert last[key] == pytest.approx(again[key], rel=1e-12, abs=0), key
 
 
@@ -131,7 +133,7 @@ def test_reproject_threshold_fires_events(tmp_path):
     (["run", "--retraction", "householder"], "unknown retraction"),
     (["run", "--adversary", "gaussian,nope"], "unknown gradient model"),
     (["run", "--lr", "nan"], "--lr must be"),
-    (["run", "--precision", "bf16"], "numpy backend is the float64 reference"),
+    (["run", "--backend", "numpy", "--precision", "bf16"], "numpy backend is the float64 reference"),
     (["run", "--steps", "-3"], "--steps must be"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, capsys, argv, message):
@@ -140,17 +142,32 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys, argv, message):
     assert err.startswith("pitcheck: error:") and message in err and "\n" not in err
 
 
+@pytest.mark.parametrize("given, backend", [
+    (["--precision", "fp32"], "torch"),  # inferred as compare infers it: no --backend needed
+    (["--precision", "bf16"], "torch"),
+    ([], "numpy"),  # fp64, the default: the numpy reference
+    (["--precision", "fp64", "--backend", "torch"], "torch"),  # an explicit backend is kept
+])
+def test_cli_run_infers_the_backend_from_the_precision(tmp_path, given, backend):
+    import json
+
+    out = tmp_path / "run"
+    argv = ["run", "--vocab", "32", "--dim", "4", "--steps", "3", "--device", "cpu", "--no-progress", *given]
+    assert cli.main(argv + ["--out", str(out)]) == 0
+    assert json.loads((out / "manifest.json").read_text())["config"]["backend"] == backend
+
+
 def test_cli_run_prints_summary(tmp_path, capsys):
     assert cli.main(["run", "--vocab", "64", "--dim", "4", "--steps", "5", "--out", str(tmp_path)]) == 0
     assert "step 5: orthonormality" in capsys.readouterr().out
 
 
 def test_progress_bar_draws_when_enabled(capsys):
-    p = trajectory.Progress(10, "demo", enabled=True)
+    p = Progress(10, "demo", enabled=True)
     p.update(10)
     p.update(10)  # the loop and the run's end both report the last step: drawn once
     assert capsys.readouterr().err.count("demo [") == 1
-    quiet = trajectory.Progress(10, "quiet", enabled=False)
+    quiet = Progress(10, "quiet", enabled=False)
     quiet.update(10)
     assert capsys.readouterr().err == ""
 

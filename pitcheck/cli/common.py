@@ -1,5 +1,8 @@
 """What several verbs' command lines share: the trajectory options, the lm source's options, a RunConfig
-from parsed arguments, and importing torch with Ctrl-C held."""
+from parsed arguments, and importing torch with Ctrl-C held.
+
+The library is imported inside the functions here and in each verb's module: every verb's parser is built
+at start-up, and `pitcheck --help` should not wait for numpy, scipy and the model."""
 from __future__ import annotations
 
 import argparse
@@ -86,7 +89,7 @@ def run_config(args, **over):
     shape = teacher_shape(args.teacher) if args.teacher else args.default_shape
     values["vocab"] = shape[0] if args.vocab is None else args.vocab
     values["dim"] = shape[1] if args.dim is None else args.dim
-    return replace(RunConfig(), **values, **over)
+    return replace(RunConfig(), **{**values, **over})
 
 
 def import_torch_holding_ctrl_c() -> None:

@@ -14,7 +14,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     from ..trajectory import RunConfig as DEFAULTS
 
     p = sub.add_parser("run", help="simulate one trajectory and write a run directory")
-    p.add_argument("--backend", default="numpy", choices=["numpy", "torch"])
+    # None: inferred from the precision as compare does (fp64: the numpy reference; anything else: torch)
+    p.add_argument("--backend", default=None, choices=["numpy", "torch"],
+                   help="numpy (the float64 reference) or torch (default: numpy for fp64, else torch)")
     p.add_argument("--precision", default="fp64", choices=list(POLICIES))
     # None: not given (the default, qr, for --head pit; the baselines refuse an explicit one)
     p.add_argument("--retraction", default=None, help=", ".join(RETRACTIONS) + " (default qr)")
@@ -29,10 +31,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args) -> int:
-    from ..trajectory import run, skipped_steps
+    from ..trajectory import default_backend, run, skipped_steps
 
     progress = False if args.no_progress else None  # None: a bar only on a terminal
-    cfg = run_config(args, shadow=not args.no_shadow, **lm_overrides(args))
+    cfg = run_config(args, backend=args.backend or default_backend(args.precision), shadow=not args.no_shadow,
+                     **lm_overrides(args))
     rows = run(cfg, args.out, resume=args.resume, progress=progress, force=args.force)
     last = rows[-1]
     losses = "".join(f"{k} {last[k]:.4f}  " for k in ("train_loss", "heldout_loss") if k in last)

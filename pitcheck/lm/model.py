@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import NAME
+from .params import NAME
 from .corpus import load_corpus
 
 BETA1, BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
@@ -207,6 +207,16 @@ class LMSource:
         head = Head(engine)
         return {"train_loss": float(self._forward(head, self.body, self.eval_train)),
                 "heldout_loss": float(self._forward(head, self.body, self.eval_heldout))}
+
+    @torch.no_grad()
+    def shadow_losses(self, shadow) -> dict[str, float]:
+        """What the float64 shadow's row adds: its held-out loss."""
+        return {"shadow_heldout_loss": self.losses(shadow)["heldout_loss"]}
+
+    @staticmethod
+    def loss_columns(shadow: bool) -> set[str]:
+        """The loss columns every recorded row of a run with this source has."""
+        return {"train_loss", "heldout_loss"} | ({"shadow_heldout_loss"} if shadow else set())
 
     # ---- state -------------------------------------------------------------------------------
     def snapshot(self) -> tuple:

@@ -1,0 +1,227 @@
+"""The run directory's contents: the manifest, the checkpoint's arrays, one commit of all four files, and
+resuming: everything loaded is checked against this run's config and state, with the reason for a refusal."""
+from __future__ import annotations
+
+import hashlib
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import PitcheckError
+from ..events import ends_run, malformed
+from ..metrics import EXTENDED_BITS
+from ..rundir import (CHECKPOINT, CSV_COLUMNS, EVENTS, LOSS_COLUMNS, MANIFEST, METRICS, RunDir, csv_bytes,
+                      events_bytes, manifest_bytes, npz_bytes)
+from ..sources import STATEFUL_SOURCES, stateful_source
+from .config import RunConfig, is_int, recorded_steps
+from .step import Lockstep
+from .teacher import teacher_source
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def input_hashes(config: RunConfig) -> dict:
+    """SHA-256 of the teacher file and of each stateful source's input files (None where the run has none):
+    a resumed run refuses files that changed since it started."""
+    out = {"teacher_sha256": _sha256(teacher_source(config.teacher)[0]) if config.teacher else None}
+    used = stateful_source(config.adversary)
+    for source in STATEFUL_SOURCES.values():
+        for key, (_, path_of) in source.input_files.items():
+            path = path_of(config) if source is used else None
+            out[key] = _sha256(path) if path else None
+    return out
+
+
+def input_file(key: str, config: RunConfig) -> str:
+    """The input file whose SHA-256 the manifest holds under `key`, in words."""
+    if key == "teacher_sha256":
+        return f"the teacher {teacher_source(config.teacher)[0]}"
+    return next(s.input_files[key][0](config) for s in STATEFUL_SOURCES.values() if key in s.input_files)
+
+
+def versions() -> dict:
+    import scipy  # only for its version: the run itself does not use it
+
+    out = {"pitcheck": __version__, "python": platform.python_version(), "numpy": np.__version__}
+    out["scipy"] = scipy.__version__
+    try:
+        import torch  # deferred: seconds to import, and a numpy run needs it only here
+
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+    except ImportError:  # pragma: no cover - torch is a dependency
+        out["torch"] = None
+    return out
+
+
+def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs: dict) -> dict:
+    engine = pair.engine
+    return {
+        "config": config.to_json(),
+        "policy": pair.policy.describe(),
+        "device": engine.device,
+        "emulated": engine.emulated,
+        "torch_cpu_threads": 1 if engine.backend == "torch" and engine.device == "cpu" else None,
+        "extended_precision_bits": EXTENDED_BITS,
+        "versions": versions(),
+        "platform": platform.platform(),
+        "resumed_from": resumed_from,
+        **inputs,
+    }
+
+
+def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: list[dict], manifest: dict) -> None:
+    """One commit of the whole directory at `step`."""
+    store.commit(step, {
+        CHECKPOINT: npz_bytes(pair.arrays(step)),
+        METRICS: csv_bytes(rows),
+        EVENTS: events_bytes(events),
+        MANIFEST: manifest_bytes(manifest),
+    })
+
+
+def config_differences(config: RunConfig, manifest: dict, ignore: tuple[str, ...], out: Path) -> list[str]:
+    mine, theirs = config.to_json(), manifest["config"]
+    unknown = sorted(set(theirs) - set(mine))
+    if unknown:
+        raise PitcheckError(f"{out}/{MANIFEST} has config keys this pitcheck does not know "
+                            f"({', '.join(unknown)}): written by another version? pass --force to start over")
+    return [k for k in mine if k not in ignore and mine[k] != theirs.get(k)]
+
+
+def check_restart(store: RunDir, config: RunConfig) -> None:
+    """A run directory without a checkpoint (results/ keep none): only the very same run may redo it."""
+    differ = config_differences(config, store.read_manifest(), ("device",), store.path)
+    if differ:
+        raise PitcheckError(f"cannot resume {store.path}: it holds no checkpoint, and its run differs in "
+                            f"{', '.join(differ)}; pass --force to replace it or choose another --out")
+
+
+@dataclass
+class Resumed:
+    """What a resumed run goes on from: its step, rows and events, and the breakdown it had ended in."""
+    step: int
+    rows: list[dict]
+    events: list[dict]
+    broken: dict | None
+
+
+class Resume:
+    """Loads a run directory into `pair`, checking each file against the run; refuses on any mismatch."""
+
+    def __init__(self, store: RunDir, config: RunConfig, pair: Lockstep, inputs: dict):
+        self.store, self.config, self.pair, self.inputs = store, config, pair, inputs
+
+    def refuse(self, why: str) -> PitcheckError:
+        return PitcheckError(f"cannot resume {self.store.path}: {why}; pass --force to start over")
+
+    def load(self) -> Resumed:
+        manifest = self.store.read_manifest()
+        written_steps = self._check_manifest(manifest)
+        step = self._load_checkpoint()
+        rows = self._check_rows(step, written_steps)
+        events = self.store.read_events()
+        broken = None
+        for n, e in enumerate(events):
+            if e["step"] > step and not ends_run(events, n, step):
+                raise self.refuse(f"{EVENTS} has an event at step {e['step']}, after the checkpoint's {step}")
+            problem = malformed(e)
+            if problem:
+                raise self.refuse(f"{EVENTS} has {problem}")
+            if ends_run(events, n, step):
+                broken = e
+        if self.pair.engine.source:
+            self._check_losses(manifest, rows)
+        return Resumed(step, rows, events, broken)
+
+    def _check_manifest(self, manifest: dict) -> int:
+        """The manifest's config and input files are this run's; returns the steps it was written for."""
+        differ = config_differences(self.config, manifest, ("steps", "device"), self.store.path)
+        if differ:
+            raise PitcheckError(f"cannot resume {self.store.path}: config differs in {', '.join(differ)}")
+        for key, digest in self.inputs.items():
+            # a directory of an older pitcheck may lack a hash: nothing to compare it with
+            if manifest.get(key) is not None and manifest[key] != digest:
+                raise self.refuse(f"{input_file(key, self.config)} changed since the run started (its SHA-256 "
+                                  f"was {str(manifest[key])[:12]}..., is {str(digest)[:12]}...): the run would mix "
+                                  "two states")
+        written_steps = manifest["config"].get("steps")
+        if not is_int(written_steps) or written_steps < 0:
+            raise self.refuse(f"{MANIFEST}'s steps is {written_steps!r}")
+        return written_steps
+
+    def _load_checkpoint(self) -> int:
+        """Load the checkpoint's state into the engines; returns its step."""
+        cfg, pair = self.config, self.pair
+        ck = self.store.read_checkpoint()
+        template = pair.arrays(0)
+        if set(ck) != set(template):
+            missing, extra = sorted(set(template) - set(ck)), sorted(set(ck) - set(template))
+            raise self.refuse(f"{CHECKPOINT} does not hold this run's state (missing {missing or 'nothing'}, "
+                              f"unexpected {extra or 'nothing'})")
+        for k, want in template.items():
+            want, got = np.asarray(want), ck[k]
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise self.refuse(f"{CHECKPOINT}'s {k} is {got.dtype} {got.shape}, this run's is "
+                                  f"{want.dtype} {want.shape}")
+            if got.dtype.kind == "f" and not np.isfinite(got).all():
+                raise self.refuse(f"{CHECKPOINT}'s {k} has non-finite entries")
+        step = int(ck["step"])
+        if step < 0:
+            raise self.refuse(f"{CHECKPOINT}'s step is {step}")
+        if step > cfg.steps:
+            raise PitcheckError(f"cannot resume {self.store.path} with --steps {cfg.steps}: it holds a run at step "
+                                f"{step}; give --steps >= {step}, choose another --out, or pass --force to start over")
+        pair.load(ck)
+        # the loaded state re-exports exactly what was saved, unless values lie outside the policy's formats
+        # or the stored Z and L do not follow from the master state
+        again = pair.arrays(step)
+        changed = [k for k in template if not np.array_equal(again[k], ck[k])]
+        if changed:
+            raise self.refuse(f"{CHECKPOINT}'s {', '.join(changed)} do not match the state they restore "
+                              f"(values not representable in {cfg.precision}, or edited)")
+        problem = pair.engine.degenerate()
+        if problem:
+            raise self.refuse(f"{CHECKPOINT} holds a state that cannot compute: {problem}")
+        return step
+
+    def _check_rows(self, step: int, written_steps: int) -> list[dict]:
+        rows = self.store.read_metrics(CSV_COLUMNS)
+        if not rows or rows[0]["step"] != 0:
+            raise self.refuse(f"{METRICS} has no row for step 0 (emptied or truncated)")
+        if rows[-1]["step"] > step:
+            raise self.refuse(f"{METRICS} has rows after step {step}, the checkpoint's: it mixes two states")
+        # a commit record vouches that rows and checkpoint were written together; without one (a directory
+        # of an older pitcheck) a checkpoint at a recorded step must have its row
+        if (self.store.record is None and step in recorded_steps(written_steps, self.config.records_per_decade)
+                and rows[-1]["step"] != step):
+            raise self.refuse(f"{METRICS} ends at step {rows[-1]['step']}, before the checkpoint's step {step}: "
+                              "rows were lost")
+        return rows
+
+    def _check_losses(self, manifest: dict, rows: list[dict]) -> None:
+        """Every row of a run with a stateful source has its losses: in metrics.csv, or (an older pitcheck's
+        directory) in the source's manifest entry, whence they are put back on the rows and move to
+        metrics.csv at the next commit."""
+        source = self.pair.engine.source
+        entry = manifest.get(source.name)
+        losses = entry.get("losses") if isinstance(entry, dict) else None
+        if losses is not None:
+            ok = isinstance(losses, list) and all(
+                isinstance(e, dict) and type(e.get("step")) is int
+                and all(k in LOSS_COLUMNS and isinstance(v, (int, float)) for k, v in e.items() if k != "step")
+                for e in losses)
+            if not ok or [e["step"] for e in losses] != [r["step"] for r in rows] or any(
+                    k in r for r in rows for k in LOSS_COLUMNS):
+                raise self.refuse(f"{MANIFEST}'s {source.name} losses do not match the rows of {METRICS}")
+            for e, row in zip(losses, rows):
+                row.update({k: float(v) for k, v in e.items() if k != "step"})
+        want = source.loss_columns(self.pair.shadow is not None)
+        lacking = [r["step"] for r in rows if not want <= set(r)]
+        if lacking:
+            raise self.refuse(f"{METRICS} lacks the {source.name} losses of step {lacking[0]}")

@@ -1,0 +1,180 @@
+"""A run's configuration (RunConfig) and its refusals: every value of its type, in range and meaningful
+with the others, checked before anything is built."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..engine import StepSettings
+from ..errors import PitcheckError
+from ..gradients import AdversaryParams, check_adversary_params, parse_adversary
+from ..heads import HEADS
+from ..lm import LMParams, lm_params  # the options of the lm source (importing it registers the source)
+from ..policy import get_policy
+from ..reference import check_shapes
+from ..sources import STATEFUL_SOURCES, stateful_source
+from .memory import check_memory
+from .teacher import teacher_shape
+
+# beyond this T0's smallest eigenvalue is below float64's resolution of its largest (u = 1.1e-16), and
+# its Cholesky factorisation can fail (it does at 1e17)
+MAX_COND = 1e15
+# far past any run, and small enough that the log-spaced grid of recorded steps stays exact
+MAX_STEPS = 10**12
+
+
+def is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    backend: str = "numpy"
+    precision: str = "fp64"
+    retraction: str = "qr"
+    reproject_every: int = 0
+    reproject_threshold: float = 0.0
+    adversary: str = "gaussian"
+    head: str = "pit"  # pit, or the baselines tied (W = E^T) and untied (two tables)
+    optimizer: str = "sgd"
+    lr: float = 1e-2
+    steps: int = 300
+    vocab: int = 1024
+    dim: int = 32
+    cond: float = 1.0  # condition number of the initial T (1: T = I as in the paper)
+    teacher: str = ""  # FILE.npy or FILE.safetensors:TENSOR: Z0 is the polar factor of this V x D embedding
+    seed: int = 0
+    device: str = "auto"
+    records_per_decade: int = 10
+    shadow: bool = True  # torch backend: step a float64 numpy shadow alongside
+    adversary_params: AdversaryParams = field(default_factory=AdversaryParams)
+    lm: LMParams = field(default_factory=LMParams)  # the lm source's model and batches
+
+    def __post_init__(self):
+        # a grid's [fixed.lm] table or a manifest's dict
+        object.__setattr__(self, "lm", lm_params(self.lm))
+
+    def validate(self, here: bool = False) -> None:
+        """Every value of its type, in range and meaningful with the others; a one-line reason if not.
+
+        here: also that it can run on this machine (the CUDA device it names is present). A stress file
+        checks its scenarios without it (a CUDA scenario is skipped, not refused, without a GPU)."""
+        for name in ("backend", "precision", "retraction", "adversary", "head", "optimizer", "teacher", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise PitcheckError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.shadow, (bool, np.bool_)):
+            raise PitcheckError(f"shadow must be true or false, got {self.shadow!r}")
+        if not isinstance(self.adversary_params, AdversaryParams):
+            raise PitcheckError(f"adversary_params must be a table, got {self.adversary_params!r}")
+        for name in ("vocab", "dim", "steps", "seed", "reproject_every", "records_per_decade"):
+            if not is_int(getattr(self, name)):
+                raise PitcheckError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        for name in ("lr", "cond", "reproject_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise PitcheckError(f"{name} must be a number, got {value!r}")
+        check_shapes(self.vocab, self.dim)
+        source = stateful_source(self.adversary)
+        if self.teacher and teacher_shape(self.teacher) != (self.vocab, self.dim) and not (
+                source and source.teacher_fits(self, teacher_shape(self.teacher))):
+            raise PitcheckError(f"teacher {self.teacher} is {teacher_shape(self.teacher)}, "
+                                f"not V x D = ({self.vocab}, {self.dim})")
+        check_memory(self.vocab, self.dim)
+        if not 0 <= self.steps <= MAX_STEPS:
+            raise PitcheckError(f"--steps must be in [0, {MAX_STEPS:.0e}], got {self.steps}")
+        if self.seed < 0:
+            raise PitcheckError(f"--seed must be >= 0, got {self.seed}")
+        if not (math.isfinite(self.cond) and 1 <= self.cond <= MAX_COND):
+            raise PitcheckError(f"--cond must be a number in [1, {MAX_COND:.0e}] (float64 cannot hold a more "
+                                f"ill-conditioned T0), got {self.cond}")
+        if self.records_per_decade < 1:
+            raise PitcheckError("records_per_decade must be >= 1")
+        if self.backend not in ("numpy", "torch"):
+            raise PitcheckError(f"unknown backend {self.backend!r}; choose numpy or torch")
+        get_policy(self.precision)
+        if self.backend == "numpy" and self.precision != "fp64":
+            raise PitcheckError(f"the numpy backend is the float64 reference: precision {self.precision} needs "
+                                "the torch backend")
+        check_device(self.device, self.backend)
+        if here:
+            check_device_present(self.device)
+        names = parse_adversary(self.adversary)
+        check_adversary_params(self.adversary_params)
+        if self.head not in HEADS:
+            raise PitcheckError(f"unknown head {self.head!r}; choose from {', '.join(HEADS)}")
+        if self.head != "pit":
+            if "adaptive" in names:
+                raise PitcheckError("the adaptive adversary probes PIT's drift bound: use it with --head pit")
+            # the baselines would ignore these: refuse them rather than record a setting that did nothing
+            ignored = [opt for opt, given in (("--retraction", self.retraction != RunConfig.retraction),
+                                              ("--reproject-every", self.reproject_every != 0),
+                                              ("--reproject-threshold", self.reproject_threshold != 0),
+                                              ("--cond", self.cond != 1)) if given]
+            if ignored:
+                raise PitcheckError(f"--head {self.head} has no retraction, re-projection or T: "
+                                    f"{', '.join(ignored)} only make sense with --head pit")
+        self.settings()
+        if source:
+            source.check_config(self)
+
+    def settings(self) -> StepSettings:
+        return StepSettings(self.retraction, self.optimizer, self.lr, self.reproject_every, self.reproject_threshold)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        used = stateful_source(self.adversary)
+        for source in STATEFUL_SOURCES.values():
+            if source is not used:
+                # its options change nothing then: left out, a run's config (and a sweep cell's name) is
+                # what it was before the source existed
+                d.pop(source.config_field)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunConfig":
+        d = dict(d)
+        d["adversary_params"] = AdversaryParams(**d.get("adversary_params", {}))
+        return cls(**d)
+
+
+DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z", re.ASCII)
+
+
+def default_backend(precision: str) -> str:
+    """The backend a precision runs on when none is given: fp64 on the numpy reference, every other
+    precision on torch (compare's cells and `pitcheck run` alike)."""
+    return "numpy" if precision == "fp64" else "torch"
+
+
+def check_device(device: str, backend: str) -> None:
+    """auto, cpu or cuda[:N], and CUDA only on the torch backend."""
+    if not DEVICE.match(device):
+        raise PitcheckError(f"unknown device {device!r}; choose auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda") and backend == "numpy":
+        # the float64 reference computes with numpy on the CPU: a run recorded as on CUDA would be false
+        raise PitcheckError(f"device {device}: the numpy backend runs on the CPU only (use --backend torch)")
+
+
+def check_device_present(device: str) -> None:
+    """A CUDA device asked for is one torch sees on this machine."""
+    if not device.startswith("cuda"):
+        return
+    import torch  # deferred: seconds to import, and only a CUDA device needs it here
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise PitcheckError(f"device {device} asked for, but torch sees "
+                            f"{'no CUDA device' if not count else f'{count} CUDA device(s)'}")
+
+
+def recorded_steps(steps: int, per_decade: int) -> list[int]:
+    """0, then log-spaced steps, then the last: dense early, where drift starts."""
+    if steps == 0:
+        return [0]
+    n = max(2, int(math.ceil(per_decade * math.log10(max(steps, 10)))) + 1)
+    grid = np.unique(np.round(np.logspace(0, math.log10(steps), n)).astype(int))
+    return sorted({0, *grid.tolist(), steps})

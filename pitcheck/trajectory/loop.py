@@ -1,0 +1,226 @@
+"""The loop of a run: build it, step it, record it, stop it cleanly on SIGINT/SIGTERM."""
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+from ..engine import StateBreakdown
+from ..errors import PitcheckError
+from ..events import breakdown, raised_by, row_events, skipped_steps_by_event, skips_step
+from ..gradients import parse_adversary
+from ..progress import Progress
+from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, RunDir, read_events
+from ..threads import limited_threads
+from .checkpoint import Resume, check_restart, commit, input_hashes, manifest
+from .config import RunConfig, recorded_steps
+from .step import Lockstep
+
+
+class RunBreakdown(PitcheckError):
+    """The run's state broke down; the run ended at its last good state, which is committed."""
+
+
+def _remove_created(out: Path, created: list[Path], lock_existed: bool) -> None:
+    """Undo what a refused run made: its lock file, and the directories it created (left when not empty).
+    A directory that was there before keeps everything but a lock this run added."""
+    try:
+        if out in created or not lock_existed:
+            (out / LOCK).unlink(missing_ok=True)
+        for d in created:  # deepest first
+            d.rmdir()
+    except OSError:
+        pass
+
+
+class Trajectory:
+    """A run: build it from a config and an output directory, then call `run()`.
+
+    Building it locks the directory (until `run()` returns) and, to resume, loads and checks it.
+    """
+
+    def __init__(self, config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
+                 force: bool = False):
+        if resume and force:
+            raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
+        config.validate(here=True)
+        self.config = config
+        self.store = RunDir(out)
+        self.out = self.store.path
+        self.progress_enabled = progress
+        self.rows: list[dict] = []
+        self.events: list[dict] = []
+        self.crossed: set[str] = set()
+        self.step = 0
+        self.resumed_from = None
+        self.broken: dict | None = None  # the breakdown event a resumed run had already ended in
+        if resume and not self.out.exists():
+            raise PitcheckError(f"nothing to resume: {self.out} does not exist (without --resume a run starts there)")
+        # everything that needs no directory is built and checked first: a run refused there creates nothing
+        self.pair = Lockstep(config)
+        self.engine, self.shadow, self.policy = self.pair.engine, self.pair.shadow, self.pair.policy
+        self.inputs = input_hashes(config)
+        created = [p for p in (self.out, *self.out.parents) if not p.exists()]
+        lock_existed = (self.out / LOCK).exists()
+        try:
+            self.store.open()
+            self._prepare(resume, force)
+        except BaseException:
+            self.store.close()
+            _remove_created(self.out, created, lock_existed)
+            raise
+
+    def _prepare(self, resume: bool, force: bool) -> None:
+        if force:
+            self.store.clear()
+        elif self.store.has_run():
+            if not resume:
+                raise PitcheckError(f"{self.out} already holds a run; pass --resume to continue it, --force to "
+                                    "replace it, or choose another --out")
+            if self.store.has(CHECKPOINT):
+                self._resume()
+            else:
+                check_restart(self.store, self.config)
+                self.store.clear()
+        elif self.store.foreign_files():
+            names = self.store.foreign_files()
+            raise PitcheckError(f"{self.out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                                " and holds no pitcheck run: choose a new or empty directory, or pass --force to "
+                                "write the run beside those files")
+        # built once, before the first commit: it imports torch, which takes seconds
+        self.manifest_data = self.manifest()
+        if self.engine.source:
+            # its losses are columns of metrics.csv, beside the interface metrics of their step
+            self.manifest_data[self.engine.source.name] = self.engine.source.describe()
+        self.not_applicable = self.pair.not_applicable
+
+    def _resume(self) -> None:
+        resumed = Resume(self.store, self.config, self.pair, self.inputs).load()
+        self.step, self.rows, self.events, self.broken = resumed.step, resumed.rows, resumed.events, resumed.broken
+        self.crossed = raised_by(self.events)
+        self.resumed_from = self.step
+
+    # ---- recording ---------------------------------------------------------------------------
+    def manifest(self) -> dict:
+        return manifest(self.config, self.pair, self.resumed_from, self.inputs)
+
+    def _commit(self) -> None:
+        commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data)
+
+    def _event(self, step: int, event: dict) -> None:
+        self.events.append({"step": step, **event})
+
+    def _measure_row(self) -> None:
+        row = self.pair.measure(self.step)
+        self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
+        for event in row_events(row, self.crossed, metrics=METRIC_COLUMNS[1:], not_applicable=self.not_applicable,
+                                u=self.policy.u):
+            self._event(self.step, event)
+
+    def _record(self) -> None:
+        self._measure_row()
+        self._commit()
+
+    def _step(self, grads: dict, shadow_grads: dict | None) -> None:
+        """One step of model and shadow; a last step that, like every one before it, was skipped is a breakdown."""
+        events = self.pair.step(grads, shadow_grads, self.step)
+        if (any(map(skips_step, events)) and self.step + 1 == self.config.steps
+                and self._steps_skipped() == self.step):
+            # the run's numbers would be its start's
+            self.pair.undo()
+            kinds = skipped_steps_by_event(self.events + [{**e, "step": self.step + 1} for e in events])
+            raise StateBreakdown(f"none of the {self.config.steps} steps was applied ("
+                                 + ", ".join(f"{n} {name}" for name, n in sorted(kinds.items())) + ")")
+        for e in events:
+            self._event(self.step + 1, e)
+
+    def _steps_skipped(self) -> int:
+        return len({e["step"] for e in self.events if skips_step(e)})
+
+    def _breakdown_error(self, event: dict) -> RunBreakdown:
+        return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
+                            f"state (step {event['step'] - 1}) is checkpointed, and the run cannot go past it")
+
+    def _end_in_breakdown(self, reason: str) -> RunBreakdown:
+        """Commit the last good state, its row and the breakdown event together."""
+        if not self.rows or self.rows[-1]["step"] != self.step:
+            self._measure_row()
+        self._event(self.step + 1, breakdown(reason))
+        self._commit()
+        return self._breakdown_error(self.events[-1])
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        try:
+            if self.engine.source or (self.engine.backend == "torch" and self.engine.device == "cpu"):
+                # torch's and OpenBLAS's thread pools spin against each other on shared cores (measured 3x
+                # slower on 2 cores with the numpy shadow): torch gets one thread for the run; with a stateful
+                # source, whose torch work sits between numpy's solves and QRs at every step, the BLAS
+                # too (measured 50x faster numpy QR on 2 cores)
+                with limited_threads(1, blas=bool(self.engine.source)):
+                    return self._run()
+            return self._run()
+        finally:
+            self.store.close()
+
+    def _run(self) -> list[dict]:
+        cfg = self.config
+        if self.broken:
+            raise self._breakdown_error(self.broken)
+        # SIGINT and SIGTERM are taken between steps, never inside one: a half-applied step (optimizer
+        # state moved, Z not yet stored, shadow behind) would be inconsistent. A commit would survive
+        # them (a cut commit leaves the previous one), but a deferred signal also saves the steps since.
+        stop: list[int] = []
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda signum, _: stop.append(signum))
+        marks = [s for s in recorded_steps(cfg.steps, cfg.records_per_decade) if s > self.step]
+        progress = Progress(cfg.steps, f"{cfg.backend}/{cfg.precision}/{cfg.retraction}", self.progress_enabled)
+        names = parse_adversary(cfg.adversary)
+        probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if "adaptive" in names else None
+        try:
+            if self.step == 0 and not self.rows:
+                self._record()
+            while self.step < cfg.steps:
+                if stop:
+                    raise KeyboardInterrupt
+                grads, shadow_grads = self.pair.gradients(names, self.step, probe)
+                try:
+                    self._step(grads, shadow_grads)
+                except StateBreakdown as exc:
+                    raise self._end_in_breakdown(str(exc)) from None
+                self.step += 1
+                if marks and self.step == marks[0]:
+                    marks.pop(0)
+                    self._record()
+                progress.update(self.step)
+            if not self.rows or self.rows[-1]["step"] != self.step:
+                self._record()
+        except KeyboardInterrupt:
+            if not self.rows:  # interrupted before the first record: nothing to keep
+                raise PitcheckError(f"interrupted before the first step of {self.out}; nothing was written") from None
+            # keep the work done: checkpoint this step (metrics rows stay those of the recorded steps)
+            self._commit()
+            raise PitcheckError(f"interrupted at step {self.step} of {self.out}, checkpoint saved; the same "
+                                "command with --resume continues it (pitcheck compare resumes by itself)") from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        progress.update(cfg.steps)
+        return self.rows
+
+
+def skipped_steps(out: Path | str) -> dict[str, int]:
+    """skipped_steps_by_event of the run in `out`."""
+    return skipped_steps_by_event(read_events(Path(out) / EVENTS))
+
+
+def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
+        force: bool = False) -> list[dict]:
+    """Run (or resume) a trajectory; returns the metric rows, also written to out/metrics.csv.
+
+    Raises PitcheckError for bad input or a directory it must not touch, and RunBreakdown (a
+    PitcheckError) when the state breaks down; either way the directory holds its last commit, whole.
+    """
+    return Trajectory(config, out, resume=resume, progress=progress, force=force).run()

@@ -1,0 +1,170 @@
+"""The run's model and, on the torch backend, its float64 shadow, stepped in lockstep on one gradient
+stream: the shadow takes exactly the steps the model takes, so their distance measures the precision."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine import Engine, StateBreakdown
+from ..errors import PitcheckError
+from ..events import skips_step
+from ..heads import PIT_ONLY, TableEngine
+from ..metrics import drift_bound
+from ..policy import get_policy
+from ..reference import polar_memory, random_memory, spd_with_condition
+from ..sources import stateful_source
+from .config import RunConfig
+from .teacher import load_teacher
+
+
+def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
+    """An engine of the config's head, with the stateful gradient source its adversary names attached."""
+    if config.head == "pit":
+        engine = Engine(backend, policy, config.settings(), device)
+    else:
+        engine = TableEngine(backend, policy, config.settings(), device, head=config.head)
+    source = stateful_source(config.adversary)
+    if source:
+        engine.source = source.build(config, engine)
+    return engine
+
+
+def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Z0 (random orthonormal) and L0 (Cholesky factor of T0, T0 = I unless cond > 1), seeded."""
+    rng = np.random.default_rng([config.seed, 2**32 - 1])  # a stream apart from the gradients'
+    if config.teacher:
+        teacher = load_teacher(config.teacher)
+        source = stateful_source(config.adversary)
+        if source:  # a pretrained model's full table: the rows of the run's tokens
+            teacher = source.teacher_rows(config, teacher)
+        Z0 = polar_memory(teacher)
+    else:
+        Z0 = random_memory(config.vocab, config.dim, rng)
+    if config.cond == 1.0:
+        L0 = np.eye(config.dim)
+    else:
+        try:
+            L0 = np.linalg.cholesky(spd_with_condition(config.dim, config.cond, rng))
+        except np.linalg.LinAlgError:
+            raise PitcheckError(f"--cond {config.cond:g}: T0 is not positive definite in float64; "
+                                "choose a smaller condition number") from None
+    return Z0, L0
+
+
+def _advance_source(engine, skipped: bool) -> None:
+    """Step (or, with the interface step skipped, drop) the body update of the engine's stateful source."""
+    if engine.source:
+        engine.source.discard() if skipped else engine.source.advance()
+
+
+class Lockstep:
+    """The model (`engine`) and its float64 shadow (`shadow`, None without one), built at their initial state."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.policy = get_policy(config.precision)
+        self.engine = make_engine(config, config.backend, self.policy, config.device)
+        self.shadow = None
+        if config.backend == "torch" and config.shadow:
+            self.shadow = make_engine(config, "numpy", get_policy("fp64"), "cpu")
+        # the initial state is also the template a checkpoint must match
+        Z0, L0 = initial_state(config)
+        self.engine.initialise(Z0, L0)
+        problem = self.engine.degenerate()
+        if problem:
+            raise PitcheckError(f"the initial state does not fit {config.precision}: {problem}; lower --cond")
+        if self.shadow:
+            self.shadow.initialise(Z0, L0)
+        self._before = None
+
+    @property
+    def not_applicable(self) -> set[str]:
+        """The metric columns that are NaN by design: no shadow, no T for the baselines, no second table when tied."""
+        out = set()
+        if not self.shadow:
+            out |= {"shadow_Z", "shadow_T"}
+        if self.config.head != "pit":
+            out |= set(PIT_ONLY)
+        if self.config.head == "tied":
+            out.add("shadow_T")
+        return out
+
+    def gradients(self, names: list[str], step: int, probe) -> tuple[dict, dict | None]:
+        """This step's gradients for the model and, where a stateful source gives the shadow its own (its
+        body on the same batch), for the shadow; the stateless models' part is the model's for both."""
+        cfg, source = self.config, self.engine.source
+        if source is None:
+            return self.engine.gradients(names, cfg.seed, step, cfg.adversary_params, probe), None
+        rest = [n for n in names if n != source.name]
+        base = self.engine.model_gradients(rest, cfg.seed, step, cfg.adversary_params, probe)
+        grads = source.add_gradients(self.engine, base, step)
+        shadow = self.shadow.source.add_gradients(self.shadow, base, step) if self.shadow else None
+        return grads, shadow
+
+    def probe(self, step: int, GZ, GL) -> float:
+        """Trial step for the adaptive adversary: the drift bound after it, state left untouched."""
+        saved = self.engine.state_dict()
+        try:
+            self.engine.step({"Z": GZ, "L": np.tril(GL)}, step)
+            bound = drift_bound(*self.engine.stored(), self.policy.u)
+        except (StateBreakdown, PitcheckError):
+            bound = float("inf")  # a step that would break the model is as bad as a step gets
+        self.engine.load_state_dict(saved)
+        return bound
+
+    def step(self, grads: dict, shadow_grads: dict | None, step: int) -> list[dict]:
+        """One step of the model and, unless the model skipped it, of its shadow: both or neither. Returns the
+        model's events; on StateBreakdown both are back where they were.
+
+        shadow_grads: the shadow's own gradients where a stateful source gives each its own (else grads).
+        """
+        self._before = (self.engine.snapshot(), self.shadow.snapshot() if self.shadow else None)
+        try:
+            events = self.engine.step(grads, step)
+            skipped = any(map(skips_step, events))
+            _advance_source(self.engine, skipped)
+            # the shadow follows what the model did, so a step the model skipped the shadow skips too
+            if self.shadow and not skipped:
+                try:
+                    shadow_events = self.shadow.step(grads if shadow_grads is None else shadow_grads, step)
+                    _advance_source(self.shadow, any(map(skips_step, shadow_events)))
+                except StateBreakdown as exc:
+                    raise StateBreakdown(f"the float64 shadow: {exc}") from None
+            elif self.shadow:
+                _advance_source(self.shadow, True)
+        except StateBreakdown:
+            self.undo()
+            raise
+        return events
+
+    def undo(self) -> None:
+        """Put both back where they were before the last step."""
+        before, shadow_before = self._before
+        self.engine.restore(before)
+        if self.shadow:
+            self.shadow.restore(shadow_before)
+
+    def measure(self, step: int) -> dict:
+        """The row of metrics (and the source's losses) of the current state."""
+        row = {"step": step, **self.engine.interface()}
+        row["shadow_Z"], row["shadow_T"] = self.engine.distance(self.shadow) if self.shadow else (np.nan, np.nan)
+        row["loss_scale"] = self.engine.loss_scale
+        if self.engine.source:
+            row.update(self.engine.source.losses(self.engine))
+            if self.shadow:
+                row.update(self.shadow.source.shadow_losses(self.shadow))
+        return row
+
+    def arrays(self, step: int) -> dict:
+        """The checkpoint's arrays: the step, the stored Z and L, the engines' states."""
+        Z, L = self.engine.stored()
+        arrays = {"step": np.int64(step), "Z": Z, "L": L}
+        arrays.update({f"engine_{k}": v for k, v in self.engine.state_dict().items()})
+        if self.shadow:
+            arrays.update({f"shadow_{k}": v for k, v in self.shadow.state_dict().items()})
+        return arrays
+
+    def load(self, arrays: dict) -> None:
+        """The engines' states from a checkpoint's arrays."""
+        self.engine.load_state_dict({k[7:]: v for k, v in arrays.items() if k.startswith("engine_")})
+        if self.shadow:
+            self.shadow.load_state_dict({k[7:]: v for k, v in arrays.items() if k.startswith("shadow_")})

@@ -1,0 +1,137 @@
+"""Teachers: the V x D embedding a run's Z0 is the polar factor of, from a .npy file or one tensor of a
+safetensors file. Shapes and dtypes come from the header alone, so nothing is loaded that cannot fit."""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PitcheckError
+from ..reference import check_shapes
+from .memory import check_memory
+
+# safetensors dtypes a teacher may have (torch reads them all; they are upcast to float64)
+SAFETENSORS_FLOATS = ("F16", "BF16", "F32", "F64")
+
+
+def teacher_source(spec: str) -> tuple[str, str | None]:
+    """(file, tensor name): FILE.safetensors:NAME names one tensor of a safetensors file; anything else is a
+    .npy file (its name may hold ':')."""
+    head, sep, name = spec.rpartition(":")
+    if sep and head.endswith(".safetensors"):
+        return head, name
+    return spec, None
+
+
+def _is_safetensors(spec: str) -> bool:
+    file, name = teacher_source(spec)
+    return name is not None or file.endswith(".safetensors")
+
+
+def _open_safetensors(path: str):
+    try:
+        from safetensors import safe_open  # an optional extra (pitcheck[lm]), needed only for this format
+    except ImportError:
+        raise PitcheckError(f"reading the teacher {path} needs the safetensors package: "
+                            "pip install 'pitcheck[lm]' (or pip install safetensors)") from None
+    p = Path(path)
+    if not p.is_file():
+        raise PitcheckError(f"cannot read teacher embedding {path}: "
+                            f"{'it is a directory' if p.is_dir() else 'no such file'}")
+    try:
+        return safe_open(str(p), framework="pt")
+    except Exception as exc:  # the library raises its own error types for a damaged header
+        raise PitcheckError(f"cannot read teacher embedding {path}: not a safetensors file ({exc})") from None
+
+
+def safetensors_header(spec: str) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype of a teacher tensor in a safetensors file, from the file's header alone."""
+    path, name = teacher_source(spec)
+    with _open_safetensors(path) as f:
+        keys = list(f.keys())
+        tables = [k for k in keys if len(f.get_slice(k).get_shape()) == 2
+                  and f.get_slice(k).get_dtype() in SAFETENSORS_FLOATS]
+        listed = ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "") or "none"
+        if not name:
+            raise PitcheckError(f"name the teacher's tensor: --teacher {path}:NAME (its 2-D floating-point "
+                                f"tensors: {listed})")
+        if name not in keys:
+            raise PitcheckError(f"teacher {path} has no tensor {name!r} (its 2-D floating-point tensors: {listed})")
+        piece = f.get_slice(name)
+        shape, dtype = tuple(int(n) for n in piece.get_shape()), piece.get_dtype()
+    if dtype not in SAFETENSORS_FLOATS:
+        raise PitcheckError(f"teacher {spec} must hold a real floating-point tensor, got dtype {dtype}")
+    if len(shape) != 2:
+        raise PitcheckError(f"teacher {spec} must be 2-D (V x D), got shape {shape}")
+    check_shapes(*shape)
+    check_memory(*shape, what=f"teacher {spec}")
+    return shape, dtype
+
+
+def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a teacher .npy (or safetensors tensor) from its header alone: nothing is loaded
+    that cannot fit."""
+    if _is_safetensors(path):
+        return safetensors_header(path)
+    p = Path(path)
+    zipped = False
+    if not p.is_file():
+        raise PitcheckError(f"cannot read teacher embedding {path}: "
+                            f"{'it is a directory' if p.is_dir() else 'no such file'}")
+    try:
+        with open(p, "rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy format version {version}")
+            data_start = f.tell()
+    except (OSError, ValueError, EOFError, SyntaxError) as exc:
+        what = "it is a zip archive (an .npz?), not an .npy file" if zipped else f"not an .npy file ({exc})"
+        raise PitcheckError(f"cannot read teacher embedding {path}: {what}") from None
+    if dtype.hasobject or dtype.kind != "f":
+        raise PitcheckError(f"teacher embedding {path} must hold a real floating-point array, got dtype {dtype}")
+    if len(shape) != 2:
+        raise PitcheckError(f"teacher embedding {path} must be 2-D (V x D), got shape {shape}")
+    check_shapes(*shape)
+    check_memory(*shape, what=f"teacher {path}")
+    size = p.stat().st_size
+    if size < data_start + math.prod(shape) * dtype.itemsize:
+        raise PitcheckError(f"teacher embedding {path} is truncated: its header says {shape} {dtype}, "
+                            f"the file holds {size - data_start} bytes of data")
+    return tuple(int(n) for n in shape), dtype
+
+
+@functools.lru_cache(maxsize=1)
+def load_teacher(path: str) -> np.ndarray:
+    teacher_header(path)
+    if _is_safetensors(path):
+        import torch  # deferred: seconds to import; safetensors hands its tensors to torch
+
+        file, name = teacher_source(path)
+        try:
+            with _open_safetensors(file) as f:
+                teacher = f.get_tensor(name).to(torch.float64).numpy()
+        except PitcheckError:
+            raise
+        except Exception as exc:  # a data section shorter than the header says, say
+            raise PitcheckError(f"cannot read teacher embedding {path}: {exc}") from None
+    else:
+        try:
+            teacher = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise PitcheckError(f"cannot read teacher embedding {path}: {exc}") from None
+    teacher = teacher.astype(np.float64)
+    if not np.isfinite(teacher).all():
+        raise PitcheckError(f"teacher embedding {path} has non-finite entries")
+    return teacher
+
+
+def teacher_shape(path: str) -> tuple[int, int]:
+    return teacher_header(path)[0]
