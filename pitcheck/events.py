@@ -48,9 +48,13 @@ def skipped_steps_by_event(events: list[dict]) -> dict[str, int]:
     return counts
 
 
-def breakdown(reason: str) -> dict:
-    """The event that ends a run at its last good state."""
-    return {"event": EventKind.BREAKDOWN.value, "reason": reason, "action": "run ended"}
+def breakdown(reason: str, part: str | None = None) -> dict:
+    """The event that ends a run at its last good state; `part`: what broke (heads.StateBreakdown.part:
+    "T" for L's diagonal at 0, ...), written when known, so that readers need not parse the reason."""
+    event = {"event": EventKind.BREAKDOWN.value, "reason": reason}
+    if part is not None:
+        event["part"] = part
+    return {**event, "action": "run ended"}
 
 
 def ends_run(events: list[dict], n: int, step: int) -> bool:

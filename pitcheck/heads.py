@@ -251,10 +251,3 @@ def get_head(name: str) -> type:
     if name not in HEAD_TYPES:
         raise PitcheckError(f"unknown head {name!r}; choose from {', '.join(HEADS)}")
     return HEAD_TYPES[name]
-
-
-def TableEngine(backend, policy, settings, device="auto", head="tied"):
-    """Shim for trajectory.make_engine until it builds Engine(..., head=config.head): delete at merge."""
-    from .engine import Engine  # deferred: engine imports heads (a cycle only while this shim lives)
-
-    return Engine(backend, policy, settings, device, head=head)

@@ -6,7 +6,7 @@ import pytest
 
 from pitcheck import PitcheckError, cli
 from pitcheck.engine import Engine, StepSettings
-from pitcheck.heads import HEADS, PIT_ONLY, TableEngine, get_head
+from pitcheck.heads import HEADS, PIT_ONLY, get_head
 from pitcheck.policy import get_policy
 from pitcheck.trajectory import RunConfig, read_metrics, run
 
@@ -75,8 +75,9 @@ def test_head_names():
     assert HEADS == ("pit", "tied", "untied")
     with pytest.raises(PitcheckError, match="unknown head 'shared'; choose from pit, tied, untied"):
         get_head("shared")
-    eng = TableEngine("numpy", get_policy("fp64"), StepSettings("qr", "sgd", 0.1), "cpu", head="untied")
-    assert isinstance(eng, Engine) and eng.head == "untied"
+    for head in HEADS:  # one Engine for every head; only PIT's builds a retraction
+        eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "sgd", 0.1), "cpu", head=head)
+        assert eng.head == head and hasattr(eng.model, "retract") == get_head(head).has_retraction
 
 
 def _never(*args, **kw):

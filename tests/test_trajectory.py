@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, cli, engine, metrics, reference
+from pitcheck import PitcheckError, cli, heads, metrics, reference
 from pitcheck.progress import Progress
 from pitcheck.rundir import METRIC_COLUMNS, read_events, read_metrics
 from pitcheck.trajectory import RunConfig, recorded_steps, run
@@ -51,7 +51,7 @@ class _Interrupt:
     """Stand-in gradient stream that raises KeyboardInterrupt once, at a given step."""
 
     def __init__(self, at):
-        self.at, self.real = at, engine.gradient
+        self.at, self.real = at, heads.gradient
 
     def __call__(self, names, Z, L, seed, step, params, probe=None, stream=0):
         if step == self.at:
@@ -65,7 +65,7 @@ def test_interrupted_run_resumes_with_identical_results(tmp_path, monkeypatch, b
     cfg = RunConfig(backend=backend, precision=precision, vocab=200, dim=8, steps=120, optimizer="adam",
                     retraction="cayley", adversary="gaussian,spike", device="cpu")
     full = run(cfg, tmp_path / "full")
-    monkeypatch.setattr(engine, "gradient", _Interrupt(at=57))
+    monkeypatch.setattr(heads, "gradient", _Interrupt(at=57))  # the heads compute the models' gradients
     with pytest.raises(PitcheckError, match="interrupted at step 57"):
         run(cfg, tmp_path / "cut")
     with np.load(tmp_path / "cut" / "checkpoint.npz") as ck:

@@ -9,6 +9,7 @@ NEEDS_TORCH = True
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from ..heads import HEADS
     from ..policy import POLICIES
     from ..retractions import RETRACTIONS
     from ..trajectory import RunConfig as DEFAULTS
@@ -21,7 +22,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     # None: not given (the default, qr, for --head pit; the baselines refuse an explicit one)
     p.add_argument("--retraction", default=None, help=", ".join(RETRACTIONS) + " (default qr)")
     add_run_options(p, DEFAULTS.steps, DEFAULTS.vocab, DEFAULTS.dim)
-    p.add_argument("--head", default="pit", choices=["pit", "tied", "untied"],
+    p.add_argument("--head", default="pit", choices=HEADS,
                    help="PIT, or the baselines: standard tying (W = E^T) or two untied tables")
     p.add_argument("--no-shadow", action="store_true", help="torch backend: skip the float64 shadow")
     p.add_argument("--out", required=True, help="run directory")

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..heads import get_head
 from .params import NAME
 from .corpus import load_corpus
 
@@ -72,10 +73,11 @@ class Head:
     """The engine's embedding and head as differentiable float64 maps of its stored tables."""
 
     def __init__(self, engine):
-        self.kind = getattr(engine, "head", "pit")
+        self.kind = engine.head
+        self.pit = get_head(engine.head).has_retraction  # PIT's Z and L, or the baselines' tables
         A, B = engine.stored()
         self.leaves = {}
-        if self.kind == "pit":
+        if self.pit:
             self.leaves = {"Z": _tensor(A), "L": _tensor(B)}
         else:
             self.leaves = {"E": _tensor(A)}
@@ -88,7 +90,7 @@ class Head:
         return list(self.leaves.values())
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.kind != "pit":
+        if not self.pit:
             return self.leaves["E"][ids]
         Z, L = self.leaves["Z"], self.leaves["L"]
         # two triangular solves on the distinct rows of the batch only
@@ -98,7 +100,7 @@ class Head:
         return e[inverse]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        if self.kind == "pit":
+        if self.pit:
             Z, L = self.leaves["Z"], self.leaves["L"]
             return ((h @ L) @ L.T) @ Z.T
         return h @ (self.leaves["B"] if self.kind == "untied" else self.leaves["E"]).T

@@ -30,6 +30,7 @@ SUMMARY_COLUMNS = KEY_COLUMNS + [
 COST_COLUMNS = KEY_COLUMNS + ["ms_per_step", "ms_per_step_min", "ms_per_step_max", "hosts"]
 # a breakdown of T (L's diagonal at 0: T singular) comes from the gradients and the learning rate, not from
 # the retraction, which only moves Z
+# the reasons of T breakdowns in run directories written before breakdown events named their part
 T_BREAKDOWN = ("L's diagonal", "T = L L^T")
 FLOOR_SAMPLES = 3
 
@@ -61,9 +62,13 @@ def growth_exponent(runs: list[list[dict]], steps: int) -> tuple[float, float]:
 
 
 def breaks_T(event: dict) -> bool:
-    """Whether a breakdown event is T's (L's diagonal at 0), told by its reason: the run directories
-    already written (results/ included) record no other field that says which factor broke."""
-    return event["event"] == "breakdown" and any(t in event.get("reason", "") for t in T_BREAKDOWN)
+    """Whether a breakdown event is T's (L's diagonal at 0): its `part`; a run directory written before
+    breakdown events had one is told by the reason's wording."""
+    if event["event"] != "breakdown":
+        return False
+    if "part" in event:
+        return event["part"] == "T"
+    return any(t in event.get("reason", "") for t in T_BREAKDOWN)
 
 
 def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:

@@ -11,7 +11,7 @@ import numpy as np
 from ..engine import StepSettings
 from ..errors import PitcheckError
 from ..gradients import AdversaryParams, check_adversary_params, parse_adversary
-from ..heads import HEADS
+from ..heads import get_head
 from ..lm import LMParams, lm_params  # the options of the lm source (importing it registers the source)
 from ..policy import get_policy
 from ..reference import check_shapes
@@ -103,9 +103,7 @@ class RunConfig:
             check_device_present(self.device)
         names = parse_adversary(self.adversary)
         check_adversary_params(self.adversary_params)
-        if self.head not in HEADS:
-            raise PitcheckError(f"unknown head {self.head!r}; choose from {', '.join(HEADS)}")
-        if self.head != "pit":
+        if not get_head(self.head).has_retraction:
             if "adaptive" in names:
                 raise PitcheckError("the adaptive adversary probes PIT's drift bound: use it with --head pit")
             # the baselines would ignore these: refuse them rather than record a setting that did nothing

@@ -141,11 +141,11 @@ class Trajectory:
         return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
                             f"state (step {event['step'] - 1}) is checkpointed, and the run cannot go past it")
 
-    def _end_in_breakdown(self, reason: str) -> RunBreakdown:
+    def _end_in_breakdown(self, reason: str, part: str | None = None) -> RunBreakdown:
         """Commit the last good state, its row and the breakdown event together."""
         if not self.rows or self.rows[-1]["step"] != self.step:
             self._measure_row()
-        self._event(self.step + 1, breakdown(reason))
+        self._event(self.step + 1, breakdown(reason, part))
         self._commit()
         return self._breakdown_error(self.events[-1])
 
@@ -189,7 +189,7 @@ class Trajectory:
                 try:
                     self._step(grads, shadow_grads)
                 except StateBreakdown as exc:
-                    raise self._end_in_breakdown(str(exc)) from None
+                    raise self._end_in_breakdown(str(exc), exc.part) from None
                 self.step += 1
                 if marks and self.step == marks[0]:
                     marks.pop(0)

@@ -7,7 +7,7 @@ import numpy as np
 from ..engine import Engine, StateBreakdown
 from ..errors import PitcheckError
 from ..events import skips_step
-from ..heads import PIT_ONLY, TableEngine
+from ..heads import get_head
 from ..metrics import drift_bound
 from ..policy import get_policy
 from ..reference import polar_memory, random_memory, spd_with_condition
@@ -18,10 +18,7 @@ from .teacher import load_teacher
 
 def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
     """An engine of the config's head, with the stateful gradient source its adversary names attached."""
-    if config.head == "pit":
-        engine = Engine(backend, policy, config.settings(), device)
-    else:
-        engine = TableEngine(backend, policy, config.settings(), device, head=config.head)
+    engine = Engine(backend, policy, config.settings(), device, head=config.head)
     source = stateful_source(config.adversary)
     if source:
         engine.source = source.build(config, engine)
@@ -82,10 +79,7 @@ class Lockstep:
         out = set()
         if not self.shadow:
             out |= {"shadow_Z", "shadow_T"}
-        if self.config.head != "pit":
-            out |= set(PIT_ONLY)
-        if self.config.head == "tied":
-            out.add("shadow_T")
+        out |= get_head(self.config.head).not_applicable
         return out
 
     def gradients(self, names: list[str], step: int, probe) -> tuple[dict, dict | None]:
@@ -128,7 +122,7 @@ class Lockstep:
                     shadow_events = self.shadow.step(grads if shadow_grads is None else shadow_grads, step)
                     _advance_source(self.shadow, any(map(skips_step, shadow_events)))
                 except StateBreakdown as exc:
-                    raise StateBreakdown(f"the float64 shadow: {exc}") from None
+                    raise StateBreakdown(f"the float64 shadow: {exc}", exc.part) from None
             elif self.shadow:
                 _advance_source(self.shadow, True)
         except StateBreakdown:
