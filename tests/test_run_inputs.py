@@ -35,7 +35,7 @@ def test_numpy_run_refuses_a_device_it_would_not_use_and_creates_nothing(tmp_pat
 
 @pytest.mark.parametrize("field, value, message", [
     ("shadow", "no", "shadow must be true or false"), ("teacher", 5, "teacher must be a string"),
-    ("device", 5, "device must be a string"), ("backend", None, "backend must be a string"),
+    ("device", 5, "device must be a string"), ("backend", 3, "backend must be a string"),
     ("precision", "fp32", "numpy backend is the float64 reference")])
 def test_config_types_are_checked(field, value, message):
     with pytest.raises(PitcheckError, match=message):
@@ -158,3 +158,14 @@ def test_cells_written_before_the_loss_columns_summarise_to_their_committed_numb
                 assert mine[k] == pytest.approx(theirs[k], rel=1e-12, abs=1e-15, nan_ok=True), (mine["retraction"], k)
             else:
                 assert mine[k] == theirs[k], (mine["retraction"], k)
+
+
+def test_the_python_api_infers_the_backend_from_the_precision_as_the_cli_and_compare_do():
+    """RunConfig(precision="bf16") runs on torch (it was refused: the numpy default needed backend="torch"
+    spelled out, while compare inferred it); fp64 stays on the numpy reference; an explicit choice stands."""
+    assert RunConfig().backend == "numpy"
+    assert RunConfig(precision="bf16").backend == "torch"
+    assert RunConfig(precision="fp64", backend="torch").backend == "torch"
+    RunConfig(precision="bf16", vocab=16, dim=2).validate()
+    with pytest.raises(PitcheckError, match="numpy backend"):
+        RunConfig(precision="bf16", backend="numpy").validate()

@@ -32,10 +32,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args) -> int:
-    from ..trajectory import default_backend, run, skipped_steps
+    from ..trajectory import run, skipped_steps
 
     progress = False if args.no_progress else None  # None: a bar only on a terminal
-    cfg = run_config(args, backend=args.backend or default_backend(args.precision), shadow=not args.no_shadow,
+    cfg = run_config(args, shadow=not args.no_shadow,
                      **lm_overrides(args))
     rows = run(cfg, args.out, resume=args.resume, progress=progress, force=args.force)
     last = rows[-1]

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import PitcheckError
 from ..gradients import AdversaryParams
 from ..lm import uses_lm
-from ..trajectory import RunConfig
+from ..trajectory import RunConfig, default_backend
 from ..heads import get_head
 
 AXES = ("retraction", "precision", "adversary", "optimizer", "lr", "head", "shape", "seed")
@@ -202,7 +202,7 @@ def configs(grid: Grid):
     for combo in itertools.product(*(grid.axes[a] for a in AXES)):
         a = dict(zip(AXES, combo))
         vocab, dim = parse_shape(a["shape"])
-        backend = fixed.get("backend") or ("numpy" if a["precision"] == "fp64" else "torch")
+        backend = fixed.get("backend") or default_backend(a["precision"])
         retraction = a["retraction"] if get_head(a["head"]).has_retraction else RunConfig.retraction
         try:
             config = RunConfig(**{**fixed, "backend": backend}, precision=a["precision"], retraction=retraction,

@@ -32,7 +32,7 @@ def is_int(x) -> bool:
 
 @dataclass(frozen=True)
 class RunConfig:
-    backend: str = "numpy"
+    backend: str | None = None  # None: default_backend(precision), the numpy reference for fp64, else torch
     precision: str = "fp64"
     retraction: str = "qr"
     reproject_every: int = 0
@@ -54,6 +54,8 @@ class RunConfig:
     lm: LMParams = field(default_factory=LMParams)  # the lm source's model and batches
 
     def __post_init__(self):
+        if self.backend is None:  # the Python API infers it as the CLI and compare do
+            object.__setattr__(self, "backend", default_backend(self.precision))
         # a grid's [fixed.lm] table or a manifest's dict
         object.__setattr__(self, "lm", lm_params(self.lm))
 

@@ -3,7 +3,7 @@
 (module, original text, mutated text, killing test). run.py --planted applies each to a temporary copy
 and runs its test alone: every one must fail. The original text must occur exactly once in the module.
 """
-M, T = "pitcheck/metrics.py", "tests/test_pins_metrics.py::"
+M, T = "pitcheck/metrics.py", "tests/test_metrics.py::"
 PLANTED = [
     # pinv_drift and the Penrose residuals from the exact E = Z T^{-1} instead of the computed rows
     (M, "out.update(head_metrics(E, B))", "out.update(head_metrics(Z @ np.linalg.inv(L @ L.T), B))",
@@ -32,30 +32,31 @@ PLANTED = [
     # the policy's u from the storage format only
     ("pitcheck/policy.py", "return max(FORMATS[self.storage].u, FORMATS[self.matmul].u)",
      "return FORMATS[self.storage].u",
-     "tests/test_pins_formats_policy.py::test_policy_u_is_the_coarsest_of_storage_and_matmul"),
+     "tests/test_policy.py::test_policy_u_is_the_coarsest_of_storage_and_matmul"),
     # the sign of the softplus inverse
     ("pitcheck/reference.py", "return y + np.log(-np.expm1(-y))", "return y - np.log(-np.expm1(-y))",
-     "tests/test_pins_reference.py::test_softplus_inverse_sign_and_closed_form"),
+     "tests/test_reference.py::test_softplus_inverse_sign_and_closed_form"),
     # the tangent projection without its symmetrisation
     ("pitcheck/retractions.py", "return G - ops.matmul(Z, _sym(ops.matmul(Z.T, G)))",
      "return G - ops.matmul(Z, ops.matmul(Z.T, G))",
-     "tests/test_pins_retractions.py::test_tangent_projection_symmetrises_a_non_symmetric_ZtG"),
+     "tests/test_retractions.py::test_tangent_projection_symmetrises_a_non_symmetric_ZtG"),
     # polar-ns coefficients changed: a wrong fixed point ...
     ("pitcheck/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.5 * eye - 0.45 * G)",
-     "tests/test_pins_retractions.py::test_polar_retractions_give_the_exact_polar_factor"),
+     "tests/test_retractions.py::test_polar_retractions_give_the_exact_polar_factor"),
     # ... or the right fixed point reached linearly, not quadratically
     ("pitcheck/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.4 * eye - 0.4 * G)",
-     "tests/test_pins_retractions.py::test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold"),
+     "tests/test_retractions.py::test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold"),
     # cayley-iter with one iteration instead of two
     ("pitcheck/retractions.py", "iterations: int = 2", "iterations: int = 1",
-     "tests/test_pins_retractions.py::test_cayley_iter_two_iterations_in_closed_form"),
+     "tests/test_retractions.py::test_cayley_iter_two_iterations_in_closed_form"),
     ("pitcheck/retractions.py", "iterations: int = 2", "iterations: int = 1",
-     "tests/test_pins_retractions.py::test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
+     "tests/test_retractions.py::test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
 ]
 
 # ---- issue 21: the emulation, the engine, the gradient models, the run's events, the oracle ----
 A, EN, GR = "pitcheck/arrays.py", "pitcheck/engine.py", "pitcheck/gradients.py"
-TA, TE, TG = "tests/test_pins_arrays.py::", "tests/test_pins_engine.py::", "tests/test_pins_gradients.py::"
+AMP, HD, OPT = "pitcheck/amp.py", "pitcheck/heads.py", "pitcheck/optim.py"
+TA, TE, TG = "tests/test_arrays.py::", "tests/test_engine.py::", "tests/test_gradients.py::"
 PLANTED += [
     # tf32 operand rounding with ties away from zero instead of to even ...
     (A, "bias = (1 << (drop - 1)) - 1 + ((bits >> drop) & 1)", "bias = 1 << (drop - 1)",
@@ -68,32 +69,32 @@ PLANTED += [
     (A, "return (a.to(low).to(a.dtype) @ b.to(low).to(a.dtype)).to(low).to(a.dtype)",
      "return a.to(low).to(a.dtype) @ b.to(low).to(a.dtype)", TA + "test_emulated_fp16_matmul_rounds_its_product_and_overflows"),
     # fp16 gradients not unscaled
-    (EN, "return {k: self._to(g, p.factor) / self.loss_scale for k, (g, _) in cast.items()}, []",
-     "return {k: self._to(g, p.factor) for k, (g, _) in cast.items()}, []",
+    (EN, "return {k: self.scaler.unscale(self.arrays.to(g, p.factor)) for k, (g, _) in cast.items()}, []",
+     "return {k: self.arrays.to(g, p.factor) for k, (g, _) in cast.items()}, []",
      TE + "test_fp16_gradients_are_unscaled_before_the_step"),
     # a loss scale that never grows: the clean-step count reset every step ...
-    (EN, "self.good_steps += 1", "self.good_steps = 1",
+    (AMP, "self.good_steps += 1", "self.good_steps = 1",
      TE + "test_the_loss_scale_after_2001_clean_steps_is_doubled_once"),
     # ... or grown one step late
-    (EN, "if self.good_steps >= LOSS_SCALE_GROWTH_INTERVAL:", "if self.good_steps > LOSS_SCALE_GROWTH_INTERVAL:",
+    (AMP, "if self.good_steps >= LOSS_SCALE_GROWTH_INTERVAL:", "if self.good_steps > LOSS_SCALE_GROWTH_INTERVAL:",
      TE + "test_the_loss_scale_after_2001_clean_steps_is_doubled_once"),
     # the softplus chain factor dropped from the diagonal's gradient
-    (EN, "gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl) * ops.sigmoid(ops.diag(raw)))",
+    (HD, 'gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl) * ops.sigmoid(ops.diag(point["raw"])))',
      "gl = ops.tril(gl, -1) + ops.diag(ops.diag(gl))",
      TE + "test_one_sgd_step_by_hand_with_the_softplus_chain_factor_on_the_diagonal"),
     # the step direction not re-projected onto the tangent space before the retraction
-    (EN, "xi = tangent_projection(Z, -s.lr * direction_Z, ops)", "xi = -s.lr * direction_Z",
+    (HD, 'xi = tangent_projection(Z, -s.lr * directions["Z"], ops)', 'xi = -s.lr * directions["Z"]',
      TE + "test_the_step_is_reprojected_onto_the_tangent_space_before_the_retraction"),
-    (EN, "xi = tangent_projection(Z, -s.lr * direction_Z, ops)", "xi = -s.lr * direction_Z",
+    (HD, 'xi = tangent_projection(Z, -s.lr * directions["Z"], ops)', 'xi = -s.lr * directions["Z"]',
      TE + "test_momentum_reprojects_its_remembered_direction_at_the_new_point"),
     # Adam without bias correction
-    (EN, 'm_hat = opt["m" + which] / (1 - BETA1**t)\n        v_hat = opt["v" + which] / (1 - BETA2**t)',
-     'm_hat = opt["m" + which]\n        v_hat = opt["v" + which]', TE + "test_one_adam_step_by_hand"),
+    (OPT, "m_hat = m / (1 - BETA1**t)\n    v_hat = v / (1 - BETA2**t)", "m_hat = m\n    v_hat = v",
+     TE + "test_one_adam_step_by_hand"),
     # a threshold event recorded at every record above the level instead of at the first crossing
     ("pitcheck/events.py",
      'new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in raised]',
      "new = [lv for lv in levels if row[metric] > lv]",
-     "tests/test_pins_events.py::test_a_threshold_event_is_recorded_at_the_first_crossing_only"),
+     "tests/test_events.py::test_a_threshold_event_is_recorded_at_the_first_crossing_only"),
     # the dense-output model's T-gradient with its sign flipped ...
     (GR, "GT = h.T @ (dlogit @ Z)", "GT = -h.T @ (dlogit @ Z)",
      TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
@@ -101,6 +102,6 @@ PLANTED += [
     (GR, "return (GT + GT.T) @ L", "return 2 * GT @ L",
      TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
     # the oracle at 16 digits instead of 50
-    ("pitcheck/oracle.py", "DIGITS = 50", "DIGITS = 16",
-     "tests/test_pins_oracle_resolution.py::test_oracle_resolves_a_residual_far_below_float64_u"),
+    ("tests/oracle.py", "DIGITS = 50", "DIGITS = 16",
+     "tests/test_oracle.py::test_oracle_resolves_a_residual_far_below_float64_u"),
 ]

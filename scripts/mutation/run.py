@@ -54,15 +54,19 @@ DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_f
 MODULES: dict[str, list[str]] = {
     "metrics": ["tests/test_metrics.py", "tests/test_metrics_validation.py"],
     "reference": ["tests/test_reference.py"],
-    "retractions": ["tests/test_retractions.py"],
-    "formats": ["tests/test_formats.py", "tests/test_pins_formats_policy.py"],
-    "policy": ["tests/test_formats.py", "tests/test_policy.py", "tests/test_pins_formats_policy.py"],
+    "retractions": ["tests/test_retractions.py", "tests/test_retraction_registry.py"],
+    "formats": ["tests/test_formats.py"],
+    "policy": ["tests/test_formats.py", "tests/test_policy.py"],
     "scaling": ["tests/test_scaling.py"],
-    "validate/checks": ["tests/test_validate_checks.py", "tests/test_pins_checks.py"],
+    "validate/checks": ["tests/test_validate_checks.py"],
     "arrays": ["tests/test_arrays.py"],
-    "engine": ["tests/test_engine.py", "tests/test_pins_engine.py"],
-    "gradients": ["tests/test_gradients.py", "tests/test_pins_gradients.py"],
-    "events": ["tests/test_events.py", "tests/test_pins_events.py"],
+    "engine": ["tests/test_engine.py"],
+    "amp": ["tests/test_engine.py"],
+    "optim": ["tests/test_engine.py"],
+    "backend": ["tests/test_engine.py"],
+    "heads": ["tests/test_engine.py", "tests/test_heads.py"],
+    "gradients": ["tests/test_gradients.py"],
+    "events": ["tests/test_events.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 
