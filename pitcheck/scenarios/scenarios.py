@@ -36,6 +36,7 @@ import difflib
 import math
 import re
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,14 @@ def _metric_names() -> list[str]:
 def _run_fields() -> dict[str, str]:
     """RunConfig's options that a scenario may set, with their types ('int', 'float', 'str', 'bool')."""
     hints = typing.get_type_hints(RunConfig)
-    return {f.name: getattr(hints[f.name], "__name__", str(hints[f.name])) for f in dataclasses.fields(RunConfig)}
+
+    def kind(hint) -> str:
+        # an optional field (backend: str | None, None meaning 'inferred') takes its type's values in a file
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
+        return getattr(hint, "__name__", str(hint))
+
+    return {f.name: kind(hints[f.name]) for f in dataclasses.fields(RunConfig)}
 
 
 @dataclass(frozen=True)
