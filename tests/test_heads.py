@@ -8,7 +8,8 @@ from pitcheck import PitcheckError, cli
 from pitcheck.engine import Engine, StepSettings
 from pitcheck.heads import HEADS, PIT_ONLY, get_head
 from pitcheck.policy import get_policy
-from pitcheck.trajectory import RunConfig, read_metrics, run
+from pitcheck.rundir import read_metrics
+from pitcheck.trajectory import RunConfig, run
 
 BASE = dict(vocab=400, dim=8, steps=200, adversary="gaussian,dense_output", lr=0.05)
 

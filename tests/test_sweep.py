@@ -325,14 +325,14 @@ def test_interrupted_sweep_resumes_each_cell_where_it_stopped(tmp_path, monkeypa
     cut = tmp_path / "cut"
     cells = sw.cells(grid)
     # one cell interrupted at step 33 (Ctrl-C: the run commits its checkpoint), one not started, the rest finished
-    from pitcheck import trajectory
+    from pitcheck import progress
 
     def interrupt(self, done):
         if done == 33:
             raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(trajectory.Progress, "update", interrupt)
+        m.setattr(progress.Progress, "update", interrupt)
         with pytest.raises(PitcheckError, match="interrupted at step 33"):
             run(cells[0].config, sw.cell_dir(cut, cells[0]), progress=False)
     for c in cells[2:]:

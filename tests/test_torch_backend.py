@@ -9,7 +9,8 @@ from pitcheck import PitcheckError
 from pitcheck.formats import round_to
 from pitcheck.gradients import AdversaryParams
 from pitcheck.policy import POLICIES, get_policy
-from pitcheck.trajectory import RunConfig, read_events, run
+from pitcheck.rundir import read_events
+from pitcheck.trajectory import RunConfig, run
 
 CUDA = torch.cuda.is_available()
 

@@ -9,46 +9,11 @@ from pathlib import Path
 
 from ..errors import PitcheckError
 from ..executors import EXECUTORS, check_workers, map_tasks
+from ..progress import Progress
 from ..rundir import COMMIT, RUN_FILES, check_out_path, write_atomic
 from .cells import cell_dir, cells, cost_path, finished, needs_gpu, run_cell
 from .grid import Grid
 from .summary import cost_csv, summarise, summary_csv
-
-
-class SweepProgress:
-    """cells done/total and the ETA, on one line of stderr (only on a terminal)."""
-
-    def __init__(self, total: int, done: int, enabled: bool | None = None):
-        self.total, self.done, self.start_done = total, done, done
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.t0 = time.monotonic()
-
-    def draw(self, last: str = "") -> None:
-        if not self.enabled:
-            return
-        frac = self.done / self.total if self.total else 1.0
-        computed = self.done - self.start_done
-        elapsed = time.monotonic() - self.t0
-        if computed and self.done < self.total:
-            eta = _hms(elapsed / computed * (self.total - self.done))
-        else:
-            eta = "--:--" if self.done < self.total else _hms(elapsed)
-        label = "ETA" if self.done < self.total else "took"
-        line = f"\rcompare [{'#' * int(30 * frac):<30}] {self.done}/{self.total} cells  {label} {eta}  {last.rsplit('-', 1)[0][:60]}"
-        sys.stderr.write(line.ljust(130))
-        if self.done >= self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    def advance(self, name: str) -> None:
-        self.done += 1
-        self.draw(name)
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
 
 
 def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | None = None,
@@ -77,13 +42,14 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     write_atomic(out / "grid.json", (json.dumps(grid.to_json(), indent=1) + "\n").encode())
     tasks = [{"name": c.name, "config": c.config.to_json(), "dir": str(cell_dir(out, c)),
               "cost": str(cost_path(out, c)), "force": force} for c in todo]
-    bar = SweepProgress(len(all_cells), len(all_cells) - len(todo), progress)
-    bar.draw()
+    bar = Progress(len(all_cells), "compare", progress, done=len(all_cells) - len(todo), unit=" cells", eta=True,
+                   pad=130, min_interval=0)
+    bar.update(bar.done)
     results = []
 
     def on_result(result: dict) -> None:
         results.append(result)
-        bar.advance(result["name"])
+        bar.advance(result["name"].rsplit("-", 1)[0][:60])  # the cell's name without its hash
 
     t0 = time.perf_counter()
     try:

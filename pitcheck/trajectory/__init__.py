@@ -20,12 +20,6 @@ from .memory import available_memory, check_memory
 from .step import Lockstep, initial_state, make_engine
 from .teacher import load_teacher, teacher_header, teacher_shape, teacher_source
 
-# kept importable from here for modules that still import them from pitcheck.trajectory (stress, sweep's
-# tests, test_heads, test_torch_backend, test_pins_events): their home is given beside each
-from ..events import THRESHOLDS  # noqa: E402,F401  pitcheck.events
-from ..progress import Progress  # noqa: E402,F401  pitcheck.progress
-from ..rundir import METRIC_COLUMNS, read_events, read_metrics  # noqa: E402,F401  pitcheck.rundir
-
 __all__ = ["MAX_COND", "MAX_STEPS", "Lockstep", "RunBreakdown", "RunConfig", "Trajectory", "available_memory",
            "check_device", "check_device_present", "check_memory", "default_backend", "initial_state",
            "input_hashes", "load_teacher", "make_engine", "recorded_steps", "run", "skipped_steps", "teacher_header",
