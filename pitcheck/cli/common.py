@@ -90,7 +90,7 @@ def run_config(args, **over):
     shape = teacher_shape(args.teacher) if args.teacher else args.default_shape
     values["vocab"] = shape[0] if args.vocab is None else args.vocab
     values["dim"] = shape[1] if args.dim is None else args.dim
-    return replace(RunConfig(), **{**values, **over})
+    return RunConfig(**{**values, **over})  # not replace(RunConfig(), ...): the backend follows the precision given
 
 
 def import_torch_holding_ctrl_c() -> None:
