@@ -59,6 +59,20 @@ def test_a_breakdown_event_and_the_one_that_ends_a_run():
     assert not ends_run([{**e, "step": 8}, {"event": "reprojected", "step": 8}], 0, 7)  # not the last
 
 
+def test_a_breakdown_names_the_part_that_broke_and_the_sweep_counts_T_by_it():
+    """The part (heads.StateBreakdown.part) is written when known; the sweep counts T breakdowns by it, and
+    an event written before breakdowns had a part by its reason's wording."""
+    from pitcheck.sweep.summary import breaks_T
+
+    t = breakdown("L's diagonal reached 0 at row 3", "T")
+    assert list(t) == ["event", "reason", "part", "action"] and t["part"] == "T"
+    assert breaks_T(t) and not breaks_T(breakdown("Z has non-finite entries", "Z"))
+    assert not breaks_T(breakdown("L's diagonal reached 0", "Z"))  # the part decides, not the wording
+    assert breaks_T({"event": "breakdown", "reason": "the float64 shadow: L's diagonal reached 0"})  # old events
+    assert not breaks_T({"event": "breakdown", "reason": "Z has non-finite entries"})
+    assert not breaks_T({"event": "threshold_crossed", "part": "T"})
+
+
 @pytest.mark.parametrize("event, problem", [
     ({"event": "threshold_crossed", "metric": "cond_T", "level": 100.0}, None),
     ({"event": "threshold_crossed", "metric": "loss", "level": 1.0}, "a threshold event for 'loss' at level 1.0"),
