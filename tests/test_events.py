@@ -57,6 +57,12 @@ def test_a_breakdown_event_and_the_one_that_ends_a_run():
     events = [{"event": "threshold_crossed", "step": 4}, {**e, "step": 8}]
     assert ends_run(events, 1, 7) and not ends_run(events, 1, 8) and not ends_run(events, 0, 3)
     assert not ends_run([{**e, "step": 8}, {"event": "reprojected", "step": 8}], 0, 7)  # not the last
+    assert not ends_run([{"event": "reprojected", "step": 8}], 0, 7)  # the last, at the step, but no breakdown
+    assert not ends_run([{**e, "step": 9}], 0, 7)  # a breakdown after the step that follows the checkpoint
+    # steps and positions past the integers Python caches: compared by value, not identity
+    assert ends_run([{**e, "step": 100001}], 0, 100000)
+    long = [{"event": "threshold_crossed", "step": k} for k in range(299)] + [{**e, "step": 1000}]
+    assert ends_run(long, 299, 999)
 
 
 def test_a_breakdown_names_the_part_that_broke_and_the_sweep_counts_T_by_it():
