@@ -460,3 +460,22 @@ def test_overflow_threshold_is_where_round_to_overflows():
     assert overflow_threshold("fp16") == 65504 + 16
     assert overflow_threshold("bf16") == (2 - 2.0**-8) * 2.0**127
     assert overflow_threshold("fp32") == (2 - 2.0**-24) * 2.0**127
+
+
+@pytest.mark.parametrize("narrow, held", [
+    # the wide format: p = 8, emax = 10, emin = -10 (bottom quantum 2^(emin - p) = 2^-18, max 2040)
+    (Format("same-bottom", p=4, emax=8, emin=-14), True),     # bottom quantum 2^-18: exactly as fine
+    (Format("finer-bottom", p=4, emax=8, emin=-15), False),   # 2^-19: a subnormal the wide format lacks
+    (Format("larger-max", p=4, emax=12, emin=-10), False),    # max 7680 > 2040
+    (Format("more-bits", p=9, emax=8, emin=-8), False),       # one significand bit more
+])
+def test_holds_decides_on_each_of_its_three_conditions(narrow, held):
+    """Synthetic formats that each fail exactly one condition of `holds` (the registry's pairs never
+    put the bottom-quantum condition on its boundary)."""
+    wide = Format("wide", p=8, emax=10, emin=-10)
+    assert wide.holds(narrow) is held
+
+
+def test_format_of_dtype_compares_names_by_value():
+    """A dtype name built at run time (not the interned literal) finds its format."""
+    assert format_of_dtype("".join(["bfloat", "16"])).name == "bf16"
