@@ -26,7 +26,7 @@ from .policy import get_policy
 from .reference import random_memory
 from .retractions import APPROXIMATE, RETRACTIONS, in_table_order, tangent_projection
 from .rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
-from .threads import pin_threads
+from .threads import pin_threads, policy_threads
 from .trajectory import RunConfig, available_memory, check_memory, initial_state, make_engine, recorded_steps
 
 QUICK_SHAPES = [(2048, 32), (16384, 64), (8192, 128), (65536, 32)]
@@ -194,7 +194,7 @@ def machine() -> dict:
 
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": np.__version__, "threads": 1, "clock": "process CPU time",
+            "numpy": np.__version__, "threads": policy_threads(), "clock": "process CPU time",
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
@@ -272,7 +272,7 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
     mode = "quick" if quick else "full"
     shapes, names = bench_inputs(shapes, retractions, quick)
     rounds = rounds or (5 if quick else 9)
-    pinned = pin_threads(1)
+    pinned = pin_threads(policy_threads())  # one thread unless --threads chose more
     results, notes = [], []
     for V, D in shapes:
         check_memory(V, D, "the benchmark")
@@ -366,10 +366,15 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _threads_text(m: dict) -> str:
+    n = m.get("threads", 1)
+    return "one thread" if n == 1 else f"{n} threads (CPU time: the threads' sum)"
+
+
 def report(doc: dict) -> str:
     m = doc["machine"]
     out = [f"# pitcheck bench ({doc['mode']})", "",
-           f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, one thread "
+           f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, {_threads_text(m)} "
            f"({', '.join(m.get('pinned', []))} pinned), {m['clock']}, minimum of {doc['rounds']} interleaved rounds; "
            f"load average at the end {m.get('load_average')}.", "",
            "Ratios to the Z^T Z GEMM of the same shape and dtype, timed in the same rounds.", "", table(doc), ""]

@@ -15,7 +15,7 @@ import os
 from typing import Any, Callable
 
 from .errors import PitcheckError
-from .threads import THREAD_VARIABLES, available_cores, pin_threads, thread_env
+from .threads import THREAD_VARIABLES, available_cores, pin_threads, policy_threads, thread_env, worker_threads
 
 EXECUTORS = ("local", "ray")
 
@@ -82,7 +82,7 @@ def run_local(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[
     """Call fn on every task in a pool of worker processes (spawned: nothing of the parent's state is shared).
 
     Workers default to the cores this process may use; each gets cores // workers BLAS/torch threads
-    (at least one). Even one worker is a separate process, pinned the same way, so that `--workers 1`
+    (at least one), or the count --threads chose (threads.worker_threads). Even one worker is a separate process, pinned the same way, so that `--workers 1`
     computes what a larger pool computes.
     """
     import multiprocessing
@@ -91,7 +91,7 @@ def run_local(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[
     workers = min(check_workers(workers), max(1, len(tasks)))
     if not tasks:
         return
-    threads = max(1, available_cores() // workers)
+    threads = worker_threads(workers)
     saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
     # spawned children inherit the environment at start: their BLAS loads with the pinned count
     os.environ.update(thread_env(threads))
@@ -163,8 +163,8 @@ def run_ray(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[A
             needs_gpu: Callable[[dict, bool], bool] | None = None) -> None:
     """One Ray task per task, on the cluster at `address` or, without one, on a local runtime started here
     (with `workers` CPUs, default every core). A runtime already initialised by the caller is used as it is.
-    A task for which needs_gpu(task, cluster_has_gpus) is true requests one GPU; every task runs with one
-    BLAS/torch thread, as in the local pool.
+    A task for which needs_gpu(task, cluster_has_gpus) is true requests one GPU; every task runs with the
+    thread policy's BLAS/torch threads (one unless --threads chose more) and asks Ray for as many CPUs.
     """
     ray = _import_ray()
     started = False
@@ -185,10 +185,11 @@ def run_ray(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[A
     pending: list = []
     try:
         remote = ray.remote(_run_pinned)
-        env = {"env_vars": thread_env(1)}
+        threads = policy_threads()
+        env = {"env_vars": thread_env(threads)}
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        refs = [remote.options(num_cpus=1, num_gpus=1 if needs_gpu and needs_gpu(task, cluster_gpus) else 0,
-                               runtime_env=env, max_retries=0).remote(fn, task, 1) for task in tasks]
+        refs = [remote.options(num_cpus=threads, num_gpus=1 if needs_gpu and needs_gpu(task, cluster_gpus) else 0,
+                               runtime_env=env, max_retries=0).remote(fn, task, threads) for task in tasks]
         pending = refs
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
