@@ -15,7 +15,8 @@ import os
 from typing import Any, Callable
 
 from .errors import PitcheckError
-from .threads import THREAD_VARIABLES, available_cores, pin_threads, policy_threads, thread_env, worker_threads
+from .threads import (POLICY_VARIABLE, THREAD_VARIABLES, apply_thread_policy, available_cores, policy_threads,
+                      thread_env, worker_threads)
 
 EXECUTORS = ("local", "ray")
 
@@ -52,7 +53,8 @@ def _init_local_worker(threads: int, parent: int | None = None) -> None:
     if parent is not None:
         _POOL_PARENT = parent
         _die_with_parent(parent)
-    pin_threads(threads)
+    # the worker's own policy: a run inside it (whose verb applies thread_policy()) keeps this count
+    apply_thread_policy(threads)
 
 
 def _exit_if_orphaned() -> None:
@@ -61,7 +63,7 @@ def _exit_if_orphaned() -> None:
 
 
 def _run_pinned(fn: Callable[[dict], Any], task: dict, threads: int) -> Any:
-    pin_threads(threads)
+    apply_thread_policy(threads)
     try:
         return fn(task)
     finally:
@@ -92,9 +94,9 @@ def run_local(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[
     if not tasks:
         return
     threads = worker_threads(workers)
-    saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    saved = {k: os.environ.get(k) for k in (*THREAD_VARIABLES, POLICY_VARIABLE)}
     # spawned children inherit the environment at start: their BLAS loads with the pinned count
-    os.environ.update(thread_env(threads))
+    os.environ.update({**thread_env(threads), POLICY_VARIABLE: str(threads)})
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_init_local_worker, initargs=(threads, os.getpid()))
     pending: set = set()
@@ -186,7 +188,7 @@ def run_ray(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[A
     try:
         remote = ray.remote(_run_pinned)
         threads = policy_threads()
-        env = {"env_vars": thread_env(threads)}
+        env = {"env_vars": {**thread_env(threads), POLICY_VARIABLE: str(threads)}}
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
         refs = [remote.options(num_cpus=threads, num_gpus=1 if needs_gpu and needs_gpu(task, cluster_gpus) else 0,
                                runtime_env=env, max_retries=0).remote(fn, task, threads) for task in tasks]

@@ -63,8 +63,10 @@ def pin_threads(threads: int = 1) -> list[str]:
 # gives each worker cores // workers (at least one).
 DEFAULT_THREADS = 1
 
-# what --threads (or a threads= argument) chose for this process; None: the default
+# what --threads (or a pool, for its worker) chose for this process; None: not chosen here
 _chosen: int | None = None
+# how a chosen count reaches the processes this one starts (a validation's target, a pool's workers)
+POLICY_VARIABLE = "PITCHECK_THREADS"
 
 
 def check_threads(threads) -> int:
@@ -75,10 +77,13 @@ def check_threads(threads) -> int:
 
 def policy_threads(threads: int | None = None) -> int:
     """The threads one process computes with: `threads` if given, else what apply_thread_policy chose for
-    this process, else DEFAULT_THREADS."""
+    this process, else what its parent's policy chose ($PITCHECK_THREADS), else DEFAULT_THREADS."""
     if threads is not None:
         return check_threads(threads)
-    return _chosen if _chosen is not None else DEFAULT_THREADS
+    if _chosen is not None:
+        return _chosen
+    inherited = os.environ.get(POLICY_VARIABLE, "")
+    return int(inherited) if inherited.isdigit() and int(inherited) > 0 else DEFAULT_THREADS
 
 
 def worker_threads(workers: int) -> int:
@@ -97,6 +102,7 @@ def apply_thread_policy(threads: int | None = None, torch: bool = True) -> list[
     global _chosen
     if threads is not None:
         _chosen = check_threads(threads)
+        os.environ[POLICY_VARIABLE] = str(_chosen)
     count = policy_threads()
     if torch:
         return pin_threads(count)

@@ -24,8 +24,17 @@ def worker_counts(task: dict) -> dict:
             "env": os.environ.get("OMP_NUM_THREADS")}
 
 
+def worker_policy_counts(task: dict) -> dict:
+    """What a run inside a pool worker computes with: its verb's thread_policy() block, no count given."""
+    import torch
+
+    with threads.thread_policy():
+        return {"torch": torch.get_num_threads(), "policy": threads.policy_threads()}
+
+
 def test_policy_threads_default_explicit_and_bad(monkeypatch):
     monkeypatch.setattr(threads, "_chosen", None)
+    monkeypatch.delenv(threads.POLICY_VARIABLE, raising=False)
     assert threads.policy_threads() == threads.DEFAULT_THREADS == 1
     assert threads.policy_threads(3) == 3
     monkeypatch.setattr(threads, "_chosen", 2)
@@ -33,6 +42,18 @@ def test_policy_threads_default_explicit_and_bad(monkeypatch):
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(PitcheckError, match="--threads must be a positive integer"):
             threads.policy_threads(bad)
+
+
+def test_a_child_process_inherits_the_parents_chosen_count(monkeypatch):
+    monkeypatch.setattr(threads, "_chosen", None)
+    monkeypatch.setenv(threads.POLICY_VARIABLE, "3")
+    assert threads.policy_threads() == 3
+    for junk in ("0", "-1", "x", ""):  # not a count: the default
+        monkeypatch.setenv(threads.POLICY_VARIABLE, junk)
+        assert threads.policy_threads() == threads.DEFAULT_THREADS
+    monkeypatch.setattr(threads, "_chosen", 2)  # this process's own choice comes first
+    monkeypatch.setenv(threads.POLICY_VARIABLE, "3")
+    assert threads.policy_threads() == 2
 
 
 def test_worker_threads_share_the_cores_unless_chosen(monkeypatch):
@@ -70,7 +91,11 @@ def test_apply_thread_policy_pins_the_process_and_its_pools():
         "arg = json.loads(sys.argv[1]); threads.apply_thread_policy(arg)\n"
         "here = worker_counts({}); out = []\n"
         "executors.map_tasks(worker_counts, [{}, {}], out.append, workers=2)\n"
-        "print(json.dumps({'here': here, 'worker': out[0]}))\n")
+        "from tests.test_threads_policy import worker_policy_counts; inside = []\n"
+        "executors.map_tasks(worker_policy_counts, [{}, {}], inside.append, workers=2)\n"
+        "import subprocess; child = subprocess.run([sys.executable, '-c', 'from pitcheck import threads; "
+        "print(threads.policy_threads())'], capture_output=True, text=True).stdout.strip()\n"
+        "print(json.dumps({'here': here, 'worker': out[0], 'inside': inside[0], 'child': int(child)}))\n")
     env = {**os.environ, "PYTHONPATH": ROOT}
     for arg, process, worker in ((2, 2, 2), (None, 1, max(1, threads.available_cores() // 2))):
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(arg)], capture_output=True, text=True,
@@ -80,6 +105,9 @@ def test_apply_thread_policy_pins_the_process_and_its_pools():
         assert got["here"]["torch"] == process and got["here"]["blas"] == [process]
         assert got["worker"]["torch"] == worker and got["worker"]["blas"] == [worker]
         assert got["worker"]["env"] == str(worker)
+        # a run inside a worker keeps the worker's count; a process started here gets this process's
+        assert got["inside"] == {"torch": worker, "policy": worker}
+        assert got["child"] == process
 
 
 def test_every_verb_takes_threads_and_refuses_a_bad_count(capsys):
