@@ -2,10 +2,10 @@
 plain dict) in a local process pool (the default) or on a Ray cluster, and hands each result to
 `on_result` as it arrives. It knows nothing of what the tasks are (the sweep passes its `run_cell`).
 
-Both executors pin the BLAS and torch thread pools of every worker (one thread unless there are more
-cores than workers), so that workers sharing a machine do not fight over its cores, and so that every
-task computes with the same thread count whichever executor ran it: that, and each task's own seeded
-inputs, is what makes the results bit-identical.
+Both executors pin the BLAS and torch thread pools of every worker (threads.worker_threads: one thread
+unless --threads chose more), so that workers sharing a machine do not fight over its cores, and so that
+every task computes with the same thread count whichever executor ran it: that, and each task's own
+seeded inputs, is what makes the results bit-identical.
 
 Nothing heavy is imported at the top: a spawned worker pins its threads before numpy or torch load.
 """
@@ -83,8 +83,8 @@ def run_local(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[
               workers: int | None = None) -> None:
     """Call fn on every task in a pool of worker processes (spawned: nothing of the parent's state is shared).
 
-    Workers default to the cores this process may use; each gets cores // workers BLAS/torch threads
-    (at least one), or the count --threads chose (threads.worker_threads). Even one worker is a separate process, pinned the same way, so that `--workers 1`
+    Workers default to the cores this process may use; each computes with threads.worker_threads(workers)
+    BLAS/torch threads (one, or the count --threads chose). Even one worker is a separate process, pinned the same way, so that `--workers 1`
     computes what a larger pool computes.
     """
     import multiprocessing

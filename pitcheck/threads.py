@@ -59,8 +59,8 @@ def pin_threads(threads: int = 1) -> list[str]:
 # on 2 cores (scripts/thread_ratio.py: a whole run step, model + float64 shadow + gradients, 1 vs 2 threads
 # interleaved in one run) two threads took 1.2x (128 x 8) to 1.8x (2048 x 64) the time of one, where a step
 # is a chain of small dependent BLAS/LAPACK calls that a second thread only synchronises, and gained
-# nothing at 65536 x 32 and 8% at 8192 x 128; one thread also cannot oversubscribe a busy machine. A pool
-# gives each worker cores // workers (at least one).
+# nothing at 65536 x 32 and 8% at 8192 x 128; one thread also cannot oversubscribe a busy machine. A
+# pool's workers take the same default (worker_threads).
 DEFAULT_THREADS = 1
 
 # what --threads (or a pool, for its worker) chose for this process; None: not chosen here
@@ -88,9 +88,12 @@ def policy_threads(threads: int | None = None) -> int:
 
 def worker_threads(workers: int) -> int:
     """The threads each worker of a pool of `workers` processes computes with: the count chosen for this
-    process (--threads) if one was, else its share of the cores (at least one), so the pool never
-    oversubscribes them."""
-    return _chosen if _chosen is not None else max(1, available_cores() // workers)
+    process (--threads) if one was, else the default, capped by the worker's share of the cores (at
+    least one) so that the pool never oversubscribes them. With the default of one, every cell computes
+    with one thread on any machine and executor, as a single `pitcheck run` of it does: bit-identical."""
+    if _chosen is not None:
+        return _chosen
+    return max(1, min(DEFAULT_THREADS, available_cores() // workers))
 
 
 def apply_thread_policy(threads: int | None = None, torch: bool = True) -> list[str]:

@@ -56,10 +56,12 @@ def test_a_child_process_inherits_the_parents_chosen_count(monkeypatch):
     assert threads.policy_threads() == 2
 
 
-def test_worker_threads_share_the_cores_unless_chosen(monkeypatch):
+def test_worker_threads_default_capped_by_the_share_unless_chosen(monkeypatch):
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     monkeypatch.setattr(threads, "_chosen", None)
-    assert [threads.worker_threads(w) for w in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    assert [threads.worker_threads(w) for w in (1, 2, 3, 8, 16)] == [1, 1, 1, 1, 1]
+    monkeypatch.setattr(threads, "DEFAULT_THREADS", 4)  # a larger default never oversubscribes the cores
+    assert [threads.worker_threads(w) for w in (1, 2, 3, 8, 16)] == [4, 4, 2, 1, 1]
     monkeypatch.setattr(threads, "_chosen", 3)
     assert threads.worker_threads(2) == 3
 
@@ -97,7 +99,7 @@ def test_apply_thread_policy_pins_the_process_and_its_pools():
         "print(threads.policy_threads())'], capture_output=True, text=True).stdout.strip()\n"
         "print(json.dumps({'here': here, 'worker': out[0], 'inside': inside[0], 'child': int(child)}))\n")
     env = {**os.environ, "PYTHONPATH": ROOT}
-    for arg, process, worker in ((2, 2, 2), (None, 1, max(1, threads.available_cores() // 2))):
+    for arg, process, worker in ((2, 2, 2), (None, 1, 1)):
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(arg)], capture_output=True, text=True,
                               cwd=ROOT, env=env, timeout=120)
         assert proc.returncode == 0, proc.stderr
