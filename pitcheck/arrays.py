@@ -114,6 +114,8 @@ class TorchOps:
         import torch
 
         self.torch = torch
+        # the dtypes numpy can view without a copy (not bfloat16)
+        self._numpy_view_dtypes = (torch.float16, torch.float32, torch.float64)
         self.matmul_format = matmul_format
         self.matmul_dtype = matmul_dtype
         self.native = native
@@ -178,6 +180,10 @@ class TorchOps:
         return self.torch.sigmoid(x)
 
     def isfinite_all(self, x):
+        if x.device.type == "cpu" and x.dtype in self._numpy_view_dtypes:
+            # numpy on the same memory: one call where torch dispatches four (5 us against 30 at 128 x 8,
+            # a tenth of a small step; no slower at 65536 x 32)
+            return bool(np.isfinite(x.detach().numpy()).all())
         # min and max are finite exactly when every entry is (both propagate NaN): one reduction pass,
         # about a tenth of isfinite(x).all(), which writes a mask the size of x first
         if x.numel() == 0:
