@@ -6,10 +6,38 @@ bf16/fp16 tensor-core matmuls are modelled where the hardware does not do it nat
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import scipy.linalg
+from scipy.linalg import lapack
 
 from .formats import Format, round_to
+
+
+@functools.lru_cache(maxsize=64)
+def _geqrf_lwork(rows: int, cols: int) -> int:
+    return int(lapack.dgeqrf_lwork(rows, cols)[0])
+
+
+def householder_qr(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reduced Householder QR (Q, R) of a tall float64 matrix by LAPACK's geqrf and orgqr called directly,
+    with the optimal (blocked) workspace that np.linalg.qr also asks for: the same factorisation, bit for
+    bit (checked here at 128 x 8 to 8192 x 128, 1 and 2 threads), at 1.3x (8192 x 128) to 2x (128 x 8) its
+    speed, for it skips np.linalg.qr's gufunc wrapping and copies. Q comes back column-major."""
+    rows, cols = x.shape
+    if x.dtype != np.float64 or rows < cols or cols == 0:
+        return np.linalg.qr(x)  # not the hot path: square-or-wide, empty or not float64
+    lwork = _geqrf_lwork(rows, cols)
+    # a column-major copy that LAPACK factors in place (asfortranarray would hand a column-major x itself)
+    factors, tau, _, info = lapack.dgeqrf(np.array(x, order="F"), lwork=lwork, overwrite_a=1)
+    if info != 0:  # pragma: no cover - only for an illegal argument, which the shapes above exclude
+        return np.linalg.qr(x)
+    R = np.triu(factors[:cols])
+    Q, _, info = lapack.dorgqr(factors, tau, lwork=lwork, overwrite_a=1)
+    if info != 0:  # pragma: no cover
+        return np.linalg.qr(x)
+    return Q, R
 
 
 class NumpyOps:
@@ -49,7 +77,7 @@ class NumpyOps:
         return np.linalg.svd(x, full_matrices=False)
 
     def qr(self, x):
-        return np.linalg.qr(x)
+        return householder_qr(x)
 
     def eigh(self, x):
         return np.linalg.eigh(x)
@@ -86,6 +114,8 @@ class TorchOps:
         import torch
 
         self.torch = torch
+        # the dtypes numpy can view without a copy (not bfloat16)
+        self._numpy_view_dtypes = (torch.float16, torch.float32, torch.float64)
         self.matmul_format = matmul_format
         self.matmul_dtype = matmul_dtype
         self.native = native
@@ -150,6 +180,10 @@ class TorchOps:
         return self.torch.sigmoid(x)
 
     def isfinite_all(self, x):
+        if x.device.type == "cpu" and x.dtype in self._numpy_view_dtypes:
+            # numpy on the same memory: one call where torch dispatches four (5 us against 30 at 128 x 8,
+            # a tenth of a small step; no slower at 65536 x 32)
+            return bool(np.isfinite(x.detach().numpy()).all())
         # min and max are finite exactly when every entry is (both propagate NaN): one reduction pass,
         # about a tenth of isfinite(x).all(), which writes a mask the size of x first
         if x.numel() == 0:

@@ -25,8 +25,9 @@ from .plotting import pyplot, save_figure
 from .policy import get_policy
 from .reference import random_memory
 from .retractions import APPROXIMATE, RETRACTIONS, in_table_order, tangent_projection
+from .runcost import AMORTISED_STEPS, RunTimer, amortised_ms, cell_seconds, cost_classes, records_per_step
 from .rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
-from .threads import pin_threads
+from .threads import available_cores, pin_threads, policy_threads
 from .trajectory import RunConfig, available_memory, check_memory, initial_state, make_engine, recorded_steps
 
 QUICK_SHAPES = [(2048, 32), (16384, 64), (8192, 128), (65536, 32)]
@@ -34,13 +35,17 @@ FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
 # the V x V peers run up to this V (their cost grows like V^3; above it they are reported, not run)
 VV_LIMIT = {"quick": 2048, "full": 8192}
 STEP_RETRACTIONS = ("qr", "cholqr2", "cayley", "polar-gram")
-TARGETS = [  # issue 9: (what, shape or None for every shape timed, ceiling in GEMM units)
+# the whole run step (runcost.py) is also timed at the shape issue 16 sets its target at
+RUN_STEP_SHAPE = (2048, 64)
+RUN_STEP_RETRACTION = "qr"
+TARGETS = [  # issues 9 and 16: (what, shape or None for every shape timed, ceiling in GEMM units)
     ("cholqr2", (8192, 128), 3.5),
     ("cayley", (8192, 128), 5.0),
     ("qr", (8192, 128), 4.0),
     ("polar-gram", (8192, 128), 2.5),
     ("step:qr", (65536, 32), 15.0),
-    ("metrics", (65536, 32), 60.0),
+    ("metrics", (65536, 32), 40.0),
+    ("run step:qr", RUN_STEP_SHAPE, 30.0),
 ]
 
 
@@ -48,7 +53,7 @@ TARGETS = [  # issue 9: (what, shape or None for every shape timed, ceiling in G
 class Case:
     """Something to time at one shape: fn() does one unit of work (a retraction, a step, a record)."""
     name: str
-    kind: str  # gemm, retraction, peer, step, metrics
+    kind: str  # gemm, retraction, peer, step, metrics, run, record (the amortised rows: runstep)
     fn: object
     vocab: int
     dim: int
@@ -189,12 +194,70 @@ def step_cases(V: int, D: int, retractions, precisions=("fp32",)) -> list[Case]:
     return cases
 
 
+def run_cases(V: int, D: int) -> tuple[list[Case], list[RunTimer]]:
+    """A whole run step (gradients, model, float64 shadow) and a record (metrics row and checkpoint
+    commit) of an fp32 qr run on the torch CPU backend, built as `pitcheck run` builds it."""
+    config = RunConfig(backend="torch", precision="fp32", retraction=RUN_STEP_RETRACTION, vocab=V, dim=D,
+                       device="cpu", steps=AMORTISED_STEPS)
+    timer = RunTimer.build(config)
+    return [Case(f"run:{RUN_STEP_RETRACTION}", "run", timer.step, V, D),
+            Case("run record", "record", timer.record, V, D)], [timer]
+
+
+def run_step_rows(results: list[dict], V: int, D: int) -> list[dict]:
+    """The amortised row of a shape's run step and record: step + records_per_step x record, in GEMM units."""
+    step = next((r for r in results if r["kind"] == "run" and (r["vocab"], r["dim"]) == (V, D)), None)
+    record = next((r for r in results if r["kind"] == "record" and (r["vocab"], r["dim"]) == (V, D)), None)
+    if not (step and record):
+        return []
+    ms = amortised_ms(step["ms"], record["ms"])
+    return [{**step, "retraction": f"run step:{RUN_STEP_RETRACTION}", "kind": "runstep", "ms": round(ms, 4),
+             "ratio": round(ms / step["gemm_ms"], 3), "spread": None,
+             "amortised": {"steps": AMORTISED_STEPS, "records_per_step": round(records_per_step(), 6),
+                           "step_ms": step["ms"], "record_ms": record["ms"]}}]
+
+
+def grid_rate(rounds: int = 3, echo=None, grid=None) -> dict:
+    """The default compare grid's cells per second of one core: each cost class (a cell less its seed)
+    built as a run, its whole step and its record timed (CPU time, minimum of `rounds`), the grid's cells
+    costed at their steps and records. A pool of n workers on n free cores does about n times this.
+    grid: a loaded sweep Grid (None: the default grid)."""
+    from .sweep import load_grid
+    from .sweep.grid import configs
+
+    grid = grid or load_grid()
+    classes = cost_classes(config for _, config in configs(grid))
+    total, rows = 0.0, []
+    for configs_of_class in classes.values():
+        timer = RunTimer.build(configs_of_class[0])
+        try:
+            step = Case("run", "run", timer.step, timer.config.vocab, timer.config.dim)
+            record = Case("record", "record", timer.record, timer.config.vocab, timer.config.dim)
+            time_interleaved([step, record], rounds)
+        finally:
+            timer.close()
+        seconds = cell_seconds(min(step.times) * 1e3, min(record.times) * 1e3, grid.steps, grid.records_per_decade)
+        total += seconds * len(configs_of_class)
+        first = configs_of_class[0]
+        rows.append({"precision": first.precision, "retraction": first.retraction, "adversary": first.adversary,
+                     "vocab": first.vocab, "dim": first.dim, "cells": len(configs_of_class),
+                     "seconds_per_cell": round(seconds, 4)})
+        if echo:
+            echo(f"grid: {configs_of_class[0].precision} {configs_of_class[0].retraction} "
+                 f"{configs_of_class[0].adversary}: {seconds:.2f} s a cell")
+    cells = sum(len(c) for c in classes.values())
+    cores = available_cores()
+    return {"grid": grid.description, "cells": cells, "cost_classes": len(classes), "steps": grid.steps,
+            "cell_seconds": round(total, 2), "cells_per_second": round(cells / total, 4), "cores": cores,
+            "wall_estimate_s": round(total / cores, 1), "classes": rows}
+
+
 def machine() -> dict:
     import torch
 
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": np.__version__, "threads": 1, "clock": "process CPU time",
+            "numpy": np.__version__, "threads": policy_threads(), "clock": "process CPU time",
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
@@ -264,7 +327,7 @@ def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[s
 
 
 def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
-              steps: bool = True, echo=None) -> dict:
+              steps: bool = True, echo=None, grid: bool = False) -> dict:
     """Time every retraction, peer, full step and metrics record at each shape, against Z^T Z of the
     same shape and dtype timed in the same interleaved rounds. Returns the JSON document."""
     import torch
@@ -272,20 +335,31 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
     mode = "quick" if quick else "full"
     shapes, names = bench_inputs(shapes, retractions, quick)
     rounds = rounds or (5 if quick else 9)
-    pinned = pin_threads(1)
+    pinned = pin_threads(policy_threads())  # one thread unless --threads chose more
     results, notes = [], []
-    for V, D in shapes:
+    # the run step's own shape, when the shapes asked for do not include it: the GEMM and the run step only
+    extra = [RUN_STEP_SHAPE] if steps and RUN_STEP_SHAPE not in shapes else []
+    for V, D in [*shapes, *extra]:
         check_memory(V, D, "the benchmark")
         Z, xi = _tall_point(V, D, torch.float32)
         cases = [Case("gemm", "gemm", lambda Z=Z: Z.T @ Z, V, D)]
-        cases += retraction_cases(V, D, Z, xi, names)
-        if peers:
-            pc, pn = peer_cases(V, D, Z, xi, mode)
-            cases += pc
-            notes += pn
+        timers = []
+        if (V, D) not in extra:
+            cases += retraction_cases(V, D, Z, xi, names)
+            if peers:
+                pc, pn = peer_cases(V, D, Z, xi, mode)
+                cases += pc
+                notes += pn
+            if steps:
+                cases += step_cases(V, D, [r for r in STEP_RETRACTIONS if r in names] or names[:1])
         if steps:
-            cases += step_cases(V, D, [r for r in STEP_RETRACTIONS if r in names] or names[:1])
-        time_interleaved(cases, rounds)
+            run, timers = run_cases(V, D)
+            cases += run
+        try:
+            time_interleaved(cases, rounds)
+        finally:
+            for timer in timers:
+                timer.close()
         gemm = {c.precision: min(c.times) for c in cases if c.kind == "gemm"}
         g = gemm["fp32"]
         for c in cases:
@@ -294,6 +368,7 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
                             "ms": round(ms, 4), "gemm_ms": round(g * 1e3, 4), "ratio": round(ms / (g * 1e3), 3),
                             "peer": c.peer, "approximate": c.approximate, "rounds": len(c.times), "reps": c.reps,
                             "spread": round(max(c.times) / min(c.times), 2) if min(c.times) > 0 else None})
+        results += run_step_rows(results, V, D)
         if echo:
             echo(V, D, [r for r in results if r["vocab"] == V and r["dim"] == D])
     doc = {"machine": {**machine(), "pinned": pinned}, "mode": mode, "rounds": rounds, "results": results,
@@ -301,6 +376,8 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
     doc["scaling"] = fit_scaling(results)
     doc["tracking"] = tracking_fraction(results)
     doc["targets"] = check_targets(results, doc["tracking"])
+    if grid:
+        doc["grid"] = grid_rate(echo=(lambda line: print(line, file=sys.stderr, flush=True)) if echo else None)
     return doc
 
 
@@ -343,12 +420,14 @@ def table(doc: dict) -> str:
     names += sorted(timed - set(names))  # a name the registry does not know (an older bench.json) goes last
     peers = sorted({r["retraction"] for r in res if r["kind"] == "peer"},
                    key=lambda n: PEER_ORDER.index(n) if n in PEER_ORDER else 9)
-    steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics")}, key=lambda n: (n == "metrics", n))
+    steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics", "runstep")},
+                   key=lambda n: (n == "metrics", n.startswith("run"), n))
     cols = names + peers + steps
     label = {n: (f"{n} (approx.)" if any(r["retraction"] == n and r.get("approximate") for r in res) else n)
              for n in cols}
     label.update({n: f"full {n}" for n in steps if n.startswith("step:")})
     label["metrics"] = "metrics record"
+    label.update({n: f"whole run {n[4:]} (amortised)" for n in steps if n.startswith("run step:")})
     lines = ["| V x D (fp32) | GEMM ms | " + " | ".join(label[c] for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     notes = {(n["vocab"], n["dim"], n["peer"]): n["status"] for n in doc.get("not_run", [])}
@@ -366,10 +445,15 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _threads_text(m: dict) -> str:
+    n = m.get("threads", 1)
+    return "one thread" if n == 1 else f"{n} threads (CPU time: the threads' sum)"
+
+
 def report(doc: dict) -> str:
     m = doc["machine"]
     out = [f"# pitcheck bench ({doc['mode']})", "",
-           f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, one thread "
+           f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, {_threads_text(m)} "
            f"({', '.join(m.get('pinned', []))} pinned), {m['clock']}, minimum of {doc['rounds']} interleaved rounds; "
            f"load average at the end {m.get('load_average')}.", "",
            "Ratios to the Z^T Z GEMM of the same shape and dtype, timed in the same rounds.", "", table(doc), ""]
@@ -384,8 +468,22 @@ def report(doc: dict) -> str:
                 "writes not included):", "", "| V x D | steps | records | share |", "|---|---|---|---|"]
         out += [f"| {t['vocab']} x {t['dim']} | {t['steps']} | {t['records']} | {100 * t['fraction']:.1f}% |"
                 for t in doc["tracking"]] + [""]
+    runs = [r for r in doc["results"] if r["kind"] == "runstep"]
+    if runs:
+        a = runs[0]["amortised"]
+        out += [f"Whole run step: gradients, the fp32 model's step and its float64 shadow's, plus a record (metrics "
+                f"row and checkpoint commit, CPU time: fsync waits not counted) x {a['records_per_step']:.4g} per "
+                f"step, the default schedule over {a['steps']} steps:", "",
+                "| V x D | step ms | record ms | amortised ms | GEMM units |", "|---|---|---|---|---|"]
+        out += [f"| {r['vocab']} x {r['dim']} | {r['amortised']['step_ms']:.3g} | {r['amortised']['record_ms']:.3g} | "
+                f"{r['ms']:.3g} | {r['ratio']:.3g} |" for r in runs] + [""]
+    if doc.get("grid"):
+        g = doc["grid"]
+        out += [f"Default grid ({g['cells']} cells of {g['steps']} steps, {g['cost_classes']} cost classes timed): "
+                f"{g['cell_seconds']:.4g} s of cell time, {g['cells_per_second']:.3g} cells per second of one "
+                f"core; about {g['wall_estimate_s']:.4g} s of wall on this machine's {g['cores']} cores.", ""]
     if doc.get("targets"):
-        out += ["Targets (issue 9):", "", "| target | V x D | measured | reached |", "|---|---|---|---|"]
+        out += ["Targets (issues 9 and 16):", "", "| target | V x D | measured | reached |", "|---|---|---|---|"]
         for t in doc["targets"]:
             extra = f" (fastest peer {t['peer']} {t['peer_ratio']:.3g})" if "peer" in t else ""
             out.append(f"| {t['target']} | {t['vocab']} x {t['dim']} | {t['ratio']:.3g}{extra} | "
@@ -456,14 +554,15 @@ def _echo_shape(V: int, D: int, rows: list[dict]) -> None:
 
 def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
           steps: bool = True, json_path: str | Path | None = None, out: str | Path | None = None,
-          progress: bool = False) -> dict:
+          progress: bool = False, grid: bool = False) -> dict:
     """Time each retraction, peer, full engine step and metrics record as a ratio to the Z^T Z GEMM of the
     same shape, timed in the same interleaved rounds on one pinned thread; return the results document.
 
     shapes: (V, D) pairs (None: QUICK_SHAPES with quick, else FULL_SHAPES); quick also means 5 rounds and
     V x V peers only up to V = 2048. rounds: interleaved rounds, the minimum taken (None: 5 quick, 9 full).
     retractions: names to time (None: every one but 'none'). peers: time torch/geoopt/geotorch's peers;
-    steps: time full steps and metrics records. json_path: write the document there; out: write
+    steps: time full steps, metrics records and the whole run step (runcost.py; also at RUN_STEP_SHAPE);
+    grid: also cost the default compare grid in cells per second (about a minute). json_path: write the document there; out: write
     report.md, bench.json and bench.png into that directory. progress: one line per shape on stderr.
     Bad input (an empty or repeated list, an unknown retraction, rounds < 1, outputs that cannot be
     written or name one file twice) raises PitcheckError before anything is timed.
@@ -473,7 +572,7 @@ def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractio
     bench_inputs(shapes, retractions, quick)
     check_outputs(json_path, out)
     doc = run_bench(shapes, quick=quick, rounds=rounds, retractions=retractions, peers=peers, steps=steps,
-                    echo=_echo_shape if progress else None)
+                    echo=_echo_shape if progress else None, grid=grid)
     payload = (json.dumps(doc, indent=2) + "\n").encode()
     if json_path:
         write_atomic(json_path, payload)

@@ -2,10 +2,10 @@
 plain dict) in a local process pool (the default) or on a Ray cluster, and hands each result to
 `on_result` as it arrives. It knows nothing of what the tasks are (the sweep passes its `run_cell`).
 
-Both executors pin the BLAS and torch thread pools of every worker (one thread unless there are more
-cores than workers), so that workers sharing a machine do not fight over its cores, and so that every
-task computes with the same thread count whichever executor ran it: that, and each task's own seeded
-inputs, is what makes the results bit-identical.
+Both executors pin the BLAS and torch thread pools of every worker (threads.worker_threads: one thread
+unless --threads chose more), so that workers sharing a machine do not fight over its cores, and so that
+every task computes with the same thread count whichever executor ran it: that, and each task's own
+seeded inputs, is what makes the results bit-identical.
 
 Nothing heavy is imported at the top: a spawned worker pins its threads before numpy or torch load.
 """
@@ -15,7 +15,8 @@ import os
 from typing import Any, Callable
 
 from .errors import PitcheckError
-from .threads import THREAD_VARIABLES, available_cores, pin_threads, thread_env
+from .threads import (POLICY_VARIABLE, THREAD_VARIABLES, apply_thread_policy, available_cores, policy_threads,
+                      thread_env, worker_threads)
 
 EXECUTORS = ("local", "ray")
 
@@ -52,7 +53,8 @@ def _init_local_worker(threads: int, parent: int | None = None) -> None:
     if parent is not None:
         _POOL_PARENT = parent
         _die_with_parent(parent)
-    pin_threads(threads)
+    # the worker's own policy: a run inside it (whose verb applies thread_policy()) keeps this count
+    apply_thread_policy(threads)
 
 
 def _exit_if_orphaned() -> None:
@@ -61,7 +63,7 @@ def _exit_if_orphaned() -> None:
 
 
 def _run_pinned(fn: Callable[[dict], Any], task: dict, threads: int) -> Any:
-    pin_threads(threads)
+    apply_thread_policy(threads)
     try:
         return fn(task)
     finally:
@@ -81,8 +83,8 @@ def run_local(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[
               workers: int | None = None) -> None:
     """Call fn on every task in a pool of worker processes (spawned: nothing of the parent's state is shared).
 
-    Workers default to the cores this process may use; each gets cores // workers BLAS/torch threads
-    (at least one). Even one worker is a separate process, pinned the same way, so that `--workers 1`
+    Workers default to the cores this process may use; each computes with threads.worker_threads(workers)
+    BLAS/torch threads (one, or the count --threads chose). Even one worker is a separate process, pinned the same way, so that `--workers 1`
     computes what a larger pool computes.
     """
     import multiprocessing
@@ -91,10 +93,10 @@ def run_local(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[
     workers = min(check_workers(workers), max(1, len(tasks)))
     if not tasks:
         return
-    threads = max(1, available_cores() // workers)
-    saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    threads = worker_threads(workers)
+    saved = {k: os.environ.get(k) for k in (*THREAD_VARIABLES, POLICY_VARIABLE)}
     # spawned children inherit the environment at start: their BLAS loads with the pinned count
-    os.environ.update(thread_env(threads))
+    os.environ.update({**thread_env(threads), POLICY_VARIABLE: str(threads)})
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_init_local_worker, initargs=(threads, os.getpid()))
     pending: set = set()
@@ -163,8 +165,8 @@ def run_ray(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[A
             needs_gpu: Callable[[dict, bool], bool] | None = None) -> None:
     """One Ray task per task, on the cluster at `address` or, without one, on a local runtime started here
     (with `workers` CPUs, default every core). A runtime already initialised by the caller is used as it is.
-    A task for which needs_gpu(task, cluster_has_gpus) is true requests one GPU; every task runs with one
-    BLAS/torch thread, as in the local pool.
+    A task for which needs_gpu(task, cluster_has_gpus) is true requests one GPU; every task runs with the
+    thread policy's BLAS/torch threads (one unless --threads chose more) and asks Ray for as many CPUs.
     """
     ray = _import_ray()
     started = False
@@ -185,10 +187,11 @@ def run_ray(fn: Callable[[dict], Any], tasks: list[dict], on_result: Callable[[A
     pending: list = []
     try:
         remote = ray.remote(_run_pinned)
-        env = {"env_vars": thread_env(1)}
+        threads = policy_threads()
+        env = {"env_vars": {**thread_env(threads), POLICY_VARIABLE: str(threads)}}
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        refs = [remote.options(num_cpus=1, num_gpus=1 if needs_gpu and needs_gpu(task, cluster_gpus) else 0,
-                               runtime_env=env, max_retries=0).remote(fn, task, 1) for task in tasks]
+        refs = [remote.options(num_cpus=threads, num_gpus=1 if needs_gpu and needs_gpu(task, cluster_gpus) else 0,
+                               runtime_env=env, max_retries=0).remote(fn, task, threads) for task in tasks]
         pending = refs
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

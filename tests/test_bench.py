@@ -42,9 +42,12 @@ def test_json_schema_and_ratios(doc):
         assert math.isclose(r["ratio"], r["ms"] / r["gemm_ms"], rel_tol=2e-2, abs_tol=2e-3)
         assert (r["peer"] is None) == (r["kind"] != "peer")
     kinds = {r["kind"] for r in doc["results"]}
-    assert kinds == {"gemm", "retraction", "peer", "step", "metrics"}
+    assert kinds == {"gemm", "retraction", "peer", "step", "metrics", "run", "record", "runstep"}
     gemm = [r for r in doc["results"] if r["kind"] == "gemm"]
-    assert len(gemm) == 3 and all(r["ratio"] == 1.0 for r in gemm)
+    assert len(gemm) == 4 and all(r["ratio"] == 1.0 for r in gemm)
+    # the run step's own shape, added to the shapes asked for: the GEMM and the run step only
+    extra = {r["kind"] for r in doc["results"] if (r["vocab"], r["dim"]) == benchmark.RUN_STEP_SHAPE}
+    assert extra == {"gemm", "run", "record", "runstep"}
     ns5 = [r for r in doc["results"] if r["retraction"] == "ns5"]
     assert ns5 and all(r["approximate"] for r in ns5)
 
@@ -200,3 +203,64 @@ def test_bench_returns_the_document_it_writes(tmp_path):
     assert json.loads((tmp_path / "b.json").read_text()) == doc
     assert (tmp_path / "o" / "bench.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert (tmp_path / "o" / "report.md").read_text() == benchmark.report(doc) + "\n"
+
+
+def test_whole_run_step_is_the_step_plus_its_share_of_records(doc):
+    from pitcheck.runcost import AMORTISED_STEPS, records_per_step
+    from pitcheck.trajectory import RunConfig, recorded_steps
+
+    rows = [r for r in doc["results"] if r["kind"] == "runstep"]
+    assert {(r["vocab"], r["dim"]) for r in rows} == {(256, 4), (512, 8), (1024, 4), benchmark.RUN_STEP_SHAPE}
+    assert records_per_step() == len(recorded_steps(AMORTISED_STEPS, RunConfig.records_per_decade)) / AMORTISED_STEPS
+    for r in rows:
+        a = r["amortised"]
+        step = next(x for x in doc["results"] if x["kind"] == "run" and (x["vocab"], x["dim"]) == (r["vocab"], r["dim"]))
+        record = next(x for x in doc["results"] if x["kind"] == "record" and (x["vocab"], x["dim"]) == (r["vocab"], r["dim"]))
+        assert (a["step_ms"], a["record_ms"]) == (step["ms"], record["ms"])
+        assert math.isclose(r["ms"], step["ms"] + records_per_step() * record["ms"], rel_tol=1e-3)
+        assert r["ms"] > step["ms"]
+    targets = [t for t in doc["targets"] if t["target"].startswith("run step:qr")]
+    assert len(targets) == 1 and (targets[0]["vocab"], targets[0]["dim"]) == benchmark.RUN_STEP_SHAPE
+    text = benchmark.report(doc)
+    assert "Whole run step" in text and "whole run step:qr (amortised)" in text
+
+
+def test_grid_rate_costs_every_cell_by_its_class(tmp_path, monkeypatch):
+    from pitcheck import runcost, sweep
+
+    path = tmp_path / "grid.toml"
+    path.write_text('steps = 30\nrecords_per_decade = 5\n[axes]\nretraction = ["qr", "cayley"]\n'
+                    'precision = ["fp32"]\nshape = ["32x4"]\nseed = [0, 1, 2]\n')
+    grid = sweep.load_grid(str(path))
+    timed, closed = [], []
+    real_build = runcost.RunTimer.build
+
+    def build(config):
+        timer = real_build(config)
+        timed.append(timer.config)
+        real_close = timer.close
+        timer.close = lambda: (closed.append(timer.scratch), real_close())
+        return timer
+
+    monkeypatch.setattr(runcost.RunTimer, "build", build)
+    g = benchmark.grid_rate(rounds=1, grid=grid)
+    assert g["cells"] == 6 and g["cost_classes"] == 2 and len(timed) == 2  # one run per class, not per seed
+    assert {c.retraction for c in timed} == {"qr", "cayley"}
+    assert math.isclose(g["cells_per_second"], 6 / g["cell_seconds"], rel_tol=1e-2)
+    assert [c["cells"] for c in g["classes"]] == [3, 3]
+    assert math.isclose(sum(c["cells"] * c["seconds_per_cell"] for c in g["classes"]), g["cell_seconds"], rel_tol=1e-2)
+    assert len(closed) == 2 and not any((tmp_path.parent / c).exists() for c in closed)
+    doc = {"machine": {"processor": "x", "cpus": 2, "torch": "t", "numpy": "n", "clock": "c"}, "mode": "quick",
+           "rounds": 1, "results": [], "grid": g}
+    assert f"{g['cells']} cells of 30 steps" in benchmark.report(doc)
+
+
+def test_cell_seconds_and_cost_classes():
+    from pitcheck.runcost import cell_seconds, cost_classes
+    from pitcheck.trajectory import RunConfig, recorded_steps
+
+    n = len(recorded_steps(1000, 10))
+    assert math.isclose(cell_seconds(2.0, 30.0, 1000, 10), (1000 * 2.0 + n * 30.0) / 1e3)
+    configs = [RunConfig(seed=s, retraction=r) for s in (0, 1) for r in ("qr", "polar")]
+    classes = cost_classes(configs)
+    assert len(classes) == 2 and all(len(v) == 2 for v in classes.values())

@@ -110,3 +110,18 @@ def test_finiteness_check_sees_one_bad_entry_anywhere(dtype):
             assert not ops.isfinite_all(y), (bad, where)
             assert not NumpyOps().isfinite_all(y.double().numpy())
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_finiteness_check_on_views_and_tensors_that_require_grad(dtype):
+    """The CPU check reads the tensor's memory through numpy (bfloat16 through torch): a strided view sees only
+    its own entries, and a leaf that requires grad is read, not refused."""
+    from pitcheck.arrays import TorchOps
+
+    ops = TorchOps()
+    x = torch.randn(16, 6).to(dtype)
+    x[3, 5] = float("nan")
+    assert not ops.isfinite_all(x.T) and not ops.isfinite_all(x[::3, 1:])
+    assert ops.isfinite_all(x[:, :5]) and ops.isfinite_all(x[4:, ::2].T)
+    w = torch.randn(4, 4, dtype=dtype, requires_grad=True)
+    assert ops.isfinite_all(w)

@@ -41,7 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for verb in VERBS:
         _verb_module(verb).add_parser(sub)
+        # one thread policy for every verb, applied in _main (pitcheck.threads)
+        sub.choices[verb].add_argument(
+            "--threads", type=_positive_int, default=None, metavar="N",
+            help="torch and BLAS threads of this process, or of each worker of a pool (default: 1 for a single "
+                 "process, measured fastest; a pool's workers share the cores)")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +74,9 @@ def _main(argv: list[str] | None) -> int:
     verb = _verb_module(args.command)
     if verb.NEEDS_TORCH:
         import_torch_holding_ctrl_c()
+    from ..threads import apply_thread_policy
+
+    apply_thread_policy(args.threads, torch=verb.NEEDS_TORCH)
     try:
         return verb.main(args)
     except RunBreakdown as exc:

@@ -38,7 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, help="interleaved rounds (minimum taken); default 5 quick, 9 full")
     p.add_argument("--retractions", help="comma-separated subset, each named once (default: all but none)")
     p.add_argument("--no-peers", action="store_true", help="skip torch/geoopt/geotorch peers")
-    p.add_argument("--no-steps", action="store_true", help="skip full steps and metrics records")
+    p.add_argument("--no-steps", action="store_true", help="skip full steps, metrics records and whole run steps")
+    p.add_argument("--grid", action="store_true", help="also cost the default compare grid: its cells per second "
+                                                       "(each cost class built and timed as a run; about a minute)")
     return p
 
 
@@ -48,7 +50,7 @@ def main(args) -> int:
         names = [n.strip() for n in args.retractions.split(",") if n.strip()]
     try:
         doc = bench(args.shape, quick=args.quick, rounds=args.rounds, retractions=names, peers=not args.no_peers,
-                    steps=not args.no_steps, json_path=args.json, out=args.out, progress=True)
+                    steps=not args.no_steps, json_path=args.json, out=args.out, progress=True, grid=args.grid)
     except PitcheckError as exc:
         print(f"pitcheck bench: error: {exc}", file=sys.stderr)
         return 2
