@@ -52,7 +52,7 @@ class OutputWriteError(PitcheckError):
 
 def stress(files: list[Path | str] | None = None, *, only=(), out: Path | str | None = None,
            junit: Path | str | None = None, json: Path | str | None = None, echo=None,
-           threads: int = 1) -> StressResult:
+           threads: int | None = None) -> StressResult:
     """Run scenario files (pitcheck's own suite, stress/*.toml, when `files` is empty) and judge them.
 
     only: names of the scenarios to run (bare, or FILE::NAME); all when empty.
@@ -60,7 +60,7 @@ def stress(files: list[Path | str] | None = None, *, only=(), out: Path | str | 
         budget beside its run; without it the runs go to a temporary directory, removed after.
     junit, json: files to write the results to (JUnit XML for CI, and JSON).
     echo: called with each ScenarioResult as its scenario ends (progress).
-    threads: torch and BLAS threads the runs compute with.
+    threads: torch and BLAS threads the runs compute with (None: the thread policy's, pitcheck.threads).
 
     Every input and output is checked before any scenario runs: StressInputError (a PitcheckError)
     names the file and the key or line at fault. A broken budget is a result, not an error: see

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import PitcheckError
 from ..rundir import check_distinct_outputs, check_out_file, check_out_path, read_events, read_metrics
-from ..threads import pin_threads
+from ..threads import thread_policy
 from ..trajectory import RunBreakdown, run
 from .budgets import BudgetResult, check_budget
 from .scenarios import Scenario, StressInputError
@@ -121,19 +121,19 @@ def layout(scenarios: list[Scenario]) -> list[Path]:
     return dirs
 
 
-def run_scenarios(scenarios: list[Scenario], out: Path | str, echo=None, threads: int = 1) -> list[ScenarioResult]:
+def run_scenarios(scenarios: list[Scenario], out: Path | str, echo=None, threads: int | None = None) -> list[ScenarioResult]:
     """Run each scenario into out/<file>/<name> (see `layout`), one after another; `echo(result)` after each.
 
-    torch and numpy's BLAS are pinned to `threads` first: an unpinned BLAS on a loaded CI machine
-    oversubscribes the cores and made small runs 30x slower here."""
+    torch and numpy's BLAS compute with `threads` (None: the thread policy's count, pitcheck.threads): an
+    unpinned BLAS on a loaded CI machine oversubscribes the cores and made small runs 30x slower here."""
     dirs = layout(scenarios)
-    pin_threads(threads)
     results = []
-    for s, run_dir in zip(scenarios, dirs):
-        r = run_scenario(s, Path(out) / run_dir)
-        results.append(r)
-        if echo:
-            echo(r)
+    with thread_policy(threads):
+        for s, run_dir in zip(scenarios, dirs):
+            r = run_scenario(s, Path(out) / run_dir)
+            results.append(r)
+            if echo:
+                echo(r)
     return results
 
 

@@ -66,7 +66,7 @@ def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs
         "policy": pair.policy.describe(),
         "device": engine.device,
         "emulated": engine.emulated,
-        "torch_cpu_threads": 1 if engine.backend == "torch" and engine.device == "cpu" else None,
+        "torch_cpu_threads": engine.arrays.torch.get_num_threads() if engine.backend == "torch" and engine.device == "cpu" else None,
         "extended_precision_bits": EXTENDED_BITS,
         "versions": versions(),
         "platform": platform.platform(),

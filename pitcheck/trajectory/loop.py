@@ -11,7 +11,7 @@ from ..events import breakdown, raised_by, row_events, skipped_steps_by_event, s
 from ..gradients import parse_adversary
 from ..progress import Progress
 from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, RunDir, read_events
-from ..threads import limited_threads
+from ..threads import thread_policy
 from .checkpoint import Resume, check_restart, commit, input_hashes, manifest
 from .config import RunConfig, recorded_steps
 from .step import Lockstep
@@ -40,7 +40,7 @@ class Trajectory:
     """
 
     def __init__(self, config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
-                 force: bool = False):
+                 force: bool = False, threads: int | None = None):
         if resume and force:
             raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
         config.validate(here=True)
@@ -48,6 +48,7 @@ class Trajectory:
         self.store = RunDir(out)
         self.out = self.store.path
         self.progress_enabled = progress
+        self.threads = threads  # None: the process's thread policy (pitcheck.threads)
         self.rows: list[dict] = []
         self.events: list[dict] = []
         self.crossed: set[str] = set()
@@ -152,14 +153,11 @@ class Trajectory:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
         try:
-            if self.engine.source or (self.engine.backend == "torch" and self.engine.device == "cpu"):
-                # torch's and OpenBLAS's thread pools spin against each other on shared cores (measured 3x
-                # slower on 2 cores with the numpy shadow): torch gets one thread for the run; with a stateful
-                # source, whose torch work sits between numpy's solves and QRs at every step, the BLAS
-                # too (measured 50x faster numpy QR on 2 cores)
-                with limited_threads(1, blas=bool(self.engine.source)):
-                    return self._run()
-            return self._run()
+            # torch and every BLAS at the thread policy's count (one unless --threads or threads= chose
+            # more): their pools spin against each other on shared cores, and one thread was measured
+            # fastest for a run step (scripts/thread_ratio.py)
+            with thread_policy(self.threads):
+                return self._run()
         finally:
             self.store.close()
 
@@ -217,10 +215,12 @@ def skipped_steps(out: Path | str) -> dict[str, int]:
 
 
 def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
-        force: bool = False) -> list[dict]:
+        force: bool = False, threads: int | None = None) -> list[dict]:
     """Run (or resume) a trajectory; returns the metric rows, also written to out/metrics.csv.
 
     Raises PitcheckError for bad input or a directory it must not touch, and RunBreakdown (a
     PitcheckError) when the state breaks down; either way the directory holds its last commit, whole.
+    threads: torch and BLAS threads of the run (None: the process's thread policy, pitcheck.threads).
     """
-    return Trajectory(config, out, resume=resume, progress=progress, force=force).run()
+    with thread_policy(threads):  # the manifest, built with the Trajectory, records the count
+        return Trajectory(config, out, resume=resume, progress=progress, force=force, threads=threads).run()

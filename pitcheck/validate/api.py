@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import PitcheckError
+from ..threads import policy_threads
 from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition, judge
 from .isolation import TargetRun, run_isolated
 from .result import ValidationResult
@@ -55,13 +56,14 @@ def check_options(dtype, device="auto", vocab=DEFAULT_VOCAB, dim=DEFAULT_DIM, st
 
 def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int = DEFAULT_VOCAB,
              dim: int = DEFAULT_DIM, steps: int = DEFAULT_STEPS, seed: int = 0, checks=None,
-             timeout: float = DEFAULT_TIMEOUT, isolate: bool = True) -> ValidationResult:
+             timeout: float = DEFAULT_TIMEOUT, isolate: bool = True, threads: int | None = None) -> ValidationResult:
     """Judge a PIT implementation: `target` is 'module:factory', 'path/file.py:factory' or the factory.
 
     The target runs in a child process with a time limit (isolate=True); a factory that cannot be
     imported by name (defined in __main__ or a notebook) runs in this process instead. Raises
     PitcheckError for bad options; a target that fails to import, build or run gives a result with
-    `fatal` set and exit_status 2.
+    `fatal` set and exit_status 2. threads: torch threads of the target's process (None: the thread
+    policy's count, pitcheck.threads).
     """
     names = parse_checks(checks)
     check_options(dtype, device, vocab, dim, steps, seed, timeout)
@@ -75,7 +77,7 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
     ctx = Context(dtype, UNIT_ROUNDOFF[dtype], vocab, dim)
     request = {"target": spec, "dtype": dtype, "device": device, "vocab": vocab, "dim": dim, "steps": steps,
                "seed": seed, "checks": names, "conds": conditioning_ladder(ctx),
-               "generic_cond": generic_condition(ctx)}
+               "generic_cond": generic_condition(ctx), "threads": policy_threads(threads)}
     start = time.monotonic()
     run = run_isolated(request, timeout) if isolate else _run_here(factory, request)
     result = ValidationResult(spec, dtype, device, vocab, dim, steps, seed, fatal=run.fatal)

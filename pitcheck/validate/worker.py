@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from ..threads import set_torch_threads
+from ..threads import policy_threads, set_torch_threads
 from .dtypes import HALF
 from .probes import PROBES, Harness, Probe, TargetFault, describe_exception, gradient_path_breach, save_probe
 from .target import build, load_factory, resolve_device
@@ -35,9 +35,9 @@ def collect(factory, request: dict, out: Path, log) -> None:
 
     torch.manual_seed(request["seed"])
     if request["device"] != "cuda":
-        # torch's thread pool spins against numpy's and other processes' on shared cores; one thread
-        # keeps a validation's time predictable (the target's numbers do not depend on it)
-        set_torch_threads(1)
+        # torch's thread pool spins against numpy's and other processes' on shared cores: the thread
+        # policy's count (one unless the parent's --threads chose more, inherited through the environment)
+        set_torch_threads(request.get("threads") or policy_threads())
     device = resolve_device(request["device"])
     V, D, dtype, seed = request["vocab"], request["dim"], request["dtype"], request["seed"]
 
