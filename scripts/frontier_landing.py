@@ -21,6 +21,7 @@ import numpy as np
 
 from pitcheck import retractions as R
 from pitcheck.errors import PitcheckError
+from pitcheck.policy import get_policy
 from pitcheck.sweep.grid import adversary_spec, load_grid, parse_shape
 from pitcheck.sweep.summary import storage_floor
 from pitcheck.trajectory.config import RunConfig
@@ -34,19 +35,17 @@ def _as_float64(x) -> np.ndarray:
     return x.double().cpu().numpy() if hasattr(x, "double") else np.asarray(x, dtype=np.float64)
 
 
-def measure(config: RunConfig) -> tuple[list[tuple[float, float]], set]:
-    """(||xi||_F^2, ||Z^T Z - I||_F after the update) for every landing call of the run, and the dtypes
-    the map returned (a mixed policy's master copy, which landing updates, is float32)."""
+def measure(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+    """||xi_k||_F^2 of every landing update k of the run, and ||Z^T Z - I||_F of the Z it leaves, as the
+    next update receives it (rounded to the format Z is kept in, and cast as the step casts it)."""
     landing = R.RETRACTIONS["landing"]
-    rows: list[tuple[float, float]] = []
-    dtypes: set = set()
+    xi2, dist_in = [], []
 
     def recording(Z, xi, ops=None, **kw):
-        out = landing(Z, xi, ops, **kw)
-        dtypes.add(str(out.dtype))
-        x, z = _as_float64(xi), _as_float64(out)
-        rows.append((float(np.sum(x * x)), float(np.linalg.norm(z.T @ z - np.eye(z.shape[1])))))
-        return out
+        z, x = _as_float64(Z), _as_float64(xi)
+        dist_in.append(float(np.linalg.norm(z.T @ z - np.eye(z.shape[1]))))
+        xi2.append(float(np.sum(x * x)))
+        return landing(Z, xi, ops, **kw)
 
     R.RETRACTIONS["landing"] = recording
     try:
@@ -57,7 +56,7 @@ def measure(config: RunConfig) -> tuple[list[tuple[float, float]], set]:
                 print(f"{config.precision} {config.adversary} {config.vocab}x{config.dim}: {exc}", file=sys.stderr)
     finally:
         R.RETRACTIONS["landing"] = landing
-    return rows, dtypes
+    return np.array(xi2[:-1]), np.array(dist_in[1:])
 
 
 def main(argv=None) -> int:
@@ -78,23 +77,22 @@ def main(argv=None) -> int:
                 cfg = RunConfig(backend="torch", precision=precision, retraction="landing", adversary=adversary_spec(adversary),
                                 optimizer="sgd", lr=float(grid.axes["lr"][0]), steps=steps, vocab=V, dim=D,
                                 seed=0, shadow=False, records_per_decade=grid.records_per_decade)
-                rows, dtypes = measure(cfg)
-                xi2 = np.array([r[0] for r in rows])
-                dist = np.array([r[1] for r in rows])
+                xi2, dist = measure(cfg)
                 bound = np.maximum.accumulate(xi2) / (2 * mu)  # tau^2 / (2 mu), tau^2 = max so far
                 finite = np.isfinite(dist) & np.isfinite(bound)
                 if not finite.any():
                     print(f"{precision} {adversary} {shape}: no finite step recorded", file=sys.stderr)
                     continue
-                # the floor of the format landing's output is held in (the master copy under a mixed policy)
-                floor = storage_floor("bf16" if dtypes == {"torch.bfloat16"} else "fp32", V, D)
-                table.append({"shape": shape, "precision": precision, "adversary": adversary, "steps": len(rows),
+                # the floor of the format Z is kept in between steps (the master copy: bf16 under bf16, where
+                # the map's float32 output is rounded to it; float32 under fp32 and bf16-mixed)
+                floor = storage_floor(get_policy(precision).master, V, D)
+                table.append({"shape": shape, "precision": precision, "adversary": adversary, "steps": len(xi2),
                               "max_xi2": float(xi2[finite].max()), "median_xi2": float(np.median(xi2[finite])),
                               "bound": float(bound[finite][-1]), "max_dist": float(dist[finite].max()),
                               "final_dist": float(dist[finite][-1]),
                               "max_ratio": float(np.max(dist[finite] / bound[finite])), "floor": floor,
-                              "verdict": ("below the bound" if dist[finite].max() <= bound[finite][-1] + floor else
-                                          "ABOVE the bound + floor")
+                              "verdict": ("below the bound + floor" if np.all(dist[finite] <= bound[finite] + floor)
+                                          else "ABOVE the bound + floor")
                                          + (" (inconclusive: bound < storage floor)" if bound[finite][-1] < floor else "")})
                 print(table[-1], file=sys.stderr)
     out = Path(args.out)
@@ -109,10 +107,11 @@ def main(argv=None) -> int:
         f"`PYTHONPATH=$PWD python scripts/frontier_landing.py --steps {steps}`: the frontier grid's landing cells "
         f"(sgd, lr {grid.axes['lr'][0]}, seed 0, no shadow), lambda eta = {mu:g}. bound = tau^2 / (2 lambda eta), "
         "tau^2 = max ||xi||_F^2 over the run (leading order: terms O(||E||^2 + ||E|| ||xi||) and the storage "
-        "format's rounding of Z are not in it); distance = ||Z^T Z - I||_F after each update, in float64 from "
-        "the stored Z; max ratio = max over steps of distance / (bound so far); floor = ||Q^T Q - I||_F of an "
-        "exactly orthonormal Q rounded to the format landing's output is held in (bf16 under bf16, the fp32 "
-        "master under fp32 and bf16-mixed): where the bound is "
+        "format's rounding of Z are not in it); distance = ||Z^T Z - I||_F after each update, in float64, of "
+        "Z as the next update receives it; max ratio = max over steps of distance / (bound so far); floor = ||Q^T Q - I||_F of an "
+        "exactly orthonormal Q rounded to the format Z is kept in between steps (the "
+        "policy's master: bf16 under bf16, float32 under fp32 and bf16-mixed); verdict: whether distance <= "
+        "bound + floor at every step: where the bound is "
         "below it, the storage format cannot resolve the bound, and the check is inconclusive.",
         "",
         "| V x D | precision | adversary | steps | median ‖xi‖² | max ‖xi‖² = tau² | bound | floor | max distance | final distance | max ratio | verdict |",
