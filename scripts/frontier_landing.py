@@ -59,6 +59,11 @@ def measure(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
     return np.array(xi2[:-1]), np.array(dist_in[1:])
 
 
+def bound_so_far(xi2: np.ndarray, mu: float) -> np.ndarray:
+    """tau_k^2 / (2 mu), tau_k^2 = max ||xi_j||_F^2 over j <= k: the leading-order level after update k."""
+    return np.maximum.accumulate(xi2) / (2 * mu)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", default="pitcheck/grids/frontier.toml")
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
                                 optimizer="sgd", lr=float(grid.axes["lr"][0]), steps=steps, vocab=V, dim=D,
                                 seed=0, shadow=False, records_per_decade=grid.records_per_decade)
                 xi2, dist = measure(cfg)
-                bound = np.maximum.accumulate(xi2) / (2 * mu)  # tau^2 / (2 mu), tau^2 = max so far
+                bound = bound_so_far(xi2, mu)
                 finite = np.isfinite(dist) & np.isfinite(bound)
                 if not finite.any():
                     print(f"{precision} {adversary} {shape}: no finite step recorded", file=sys.stderr)
