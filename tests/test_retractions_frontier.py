@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pitcheck import retractions as R
+from pitcheck.arrays import NumpyOps, ops_for
 from tests import test_retractions as guards
 
 
@@ -79,3 +80,117 @@ def test_planted_bug_is_caught(bug, monkeypatch):
 def test_guards_pass_unplanted():
     for _, guard, args in PLANTED.values():
         guard(*args)
+
+
+# ---- exact values, operation counts and boundaries of the issue-20 maps (mutation survivors) ---------
+# Each test below pins a property a mutant of pitcheck/retractions.py changed while every other test
+# stayed green; the comment on each says which.
+
+class _CountingOps(NumpyOps):
+    """numpy Ops that records the shape of every product's operands (gram-ns's cost, counted exactly)."""
+
+    def __init__(self):
+        self.products = []
+
+    def matmul(self, a, b):
+        self.products.append((a.shape, b.shape))
+        return a @ b
+
+
+def _v_sized(products, V):
+    return sum(V in (*a, *b) for a, b in products)
+
+
+def test_gram_ns_of_a_step_off_the_point_is_the_polar_express_iteration_on_z_plus_xi():
+    # X = Z + xi, not Z - xi (the guard in test_retractions takes xi = 0, where the two coincide)
+    Z = guards._orthonormal(30, 4)
+    xi = guards._tangent(Z, scale=0.3)
+    np.testing.assert_allclose(R.retract_gram_ns(Z, xi), guards._plain_polar_express(Z + xi, 1.05),
+                               rtol=0, atol=1e-13)
+    assert np.linalg.norm(R.retract_gram_ns(Z, xi) - R.retract_gram_ns(Z, -xi)) > 0.1
+
+
+@pytest.mark.parametrize("restarts,v_sized,d_sized", [((2,), 4, 14), ((), 2, 17), ((1, 3), 6, 11)])
+def test_gram_ns_does_its_documented_products_and_no_wasted_gram_update(restarts, v_sized, d_sized):
+    """Five steps. V-sized products: the first Gram and the final X Q, plus X Q and its Gram per restart
+    (2 + 2 len(restarts), the docstring's cost). D x D: per step R^2 and (after a step) Q K, and the
+    Gram update (a R + R K, then K (a R + R K): 2 products) only where the next step uses it, i.e. not
+    after the last step nor before a restart (where R is recomputed from X Q). Counting these pins the
+    loop's skip condition, which no value test can see (a wasted update is overwritten)."""
+    Z = guards._orthonormal(30, 4)
+    ops = _CountingOps()
+    R.retract_gram_ns(Z, guards._tangent(Z, scale=0.3), ops, restarts=restarts)
+    V = 30
+    assert _v_sized(ops.products, V) == v_sized
+    assert len(ops.products) - _v_sized(ops.products, V) == d_sized, ops.products
+
+
+def test_polar_express_schedule_is_the_published_list_scaled_then_its_last_entry_unscaled():
+    # every entry but the eighth divided by the safety factor (a, b, c by f, f^3, f^5); the eighth (the
+    # Pade step) as printed, and repeated; a slice that dropped the seventh polynomial changes entry 7
+    f = R.POLAR_EXPRESS_SAFETY
+    C = R.POLAR_EXPRESS_COEFFICIENTS
+    expected = [(a / f, b / f**3, c / f**5) for a, b, c in C[:7]] + [C[7]] * 3
+    assert R.polar_express_schedule(10) == expected
+    assert R.polar_express_schedule(7) == expected[:7]
+    assert R.polar_express_schedule(7)[6] != C[7]
+
+
+class _SketchSizes:
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = R._gaussian_sketch
+
+        def spy(k, V, like, ops):
+            self.calls.append((k, V))
+            return real(k, V, like, ops)
+
+        monkeypatch.setattr(R, "_gaussian_sketch", spy)
+
+
+@pytest.mark.parametrize("D,oversample,k", [(16, 1.25, 20), (4, 1.25, 5), (1, 1.25, 2), (6, 1.0, 6),
+                                            (6, 0.5, 6)])
+def test_rcqr_sketch_has_ceil_oversample_d_rows_and_never_fewer_than_d(D, oversample, k, monkeypatch):
+    # Dion's k = ceil(1.25 D) (at least D, or S Y could not have rank D); the sketch's size changes only
+    # rounding (the Q factor is unique), so it is pinned by what rcqr asks for
+    sizes = _SketchSizes(monkeypatch)
+    Z = guards._orthonormal(64, D)
+    got = R.retract_rcqr(Z, guards._tangent(Z, scale=0.1), oversample=oversample)
+    assert sizes.calls == [(k, 64)]
+    assert np.linalg.norm(got.T @ got - np.eye(D)) < 1e-13
+
+
+def test_rcqr_sketch_is_drawn_from_its_documented_seed():
+    # the committed rcqr figures (results/frontier) were computed with this sketch; another seed would
+    # change their rounding, so the seed is part of rcqr's definition, not a free constant
+    R._SKETCHES.clear()
+    Z = np.zeros((9, 2))
+    S = R._gaussian_sketch(3, 9, Z, ops_for(Z))
+    np.testing.assert_array_equal(S, np.random.default_rng([20250405, 3, 9]).standard_normal((3, 9)) / 3**0.5)
+
+
+def test_rcqr_rank_test_is_relative_to_the_largest_diagonal():
+    """Columns of norms 1e4 and 1e-14 (exactly orthogonal): diag(R) of the sketch spans 1e4 .. ~1e-14,
+    so min < D u max = 2.2e-12: rank deficient to working precision, refused. A test against D u alone,
+    D u / max, or 0 would let it through."""
+    Y = np.zeros((6, 2))
+    Y[0, 0], Y[1, 1] = 1e4, 1e-14
+    with pytest.raises(R.RetractionError, match="sketch of Z \\+ xi is rank deficient"):
+        R.retract_rcqr(Y, 0 * Y)
+    # and at ratio 1e-10 (above D u = 2.2e-16 by far) it is accepted: the test is not simply "refuse"
+    Y[1, 1] = 1e-6
+    got = R.retract_rcqr(Y, 0 * Y)
+    np.testing.assert_allclose(got[:2], np.eye(2), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_rcqr_and_cholqr3_shifted_refuse_z_plus_xi_zero(backend):
+    # a step that cancels Z: the sketch's diagonal is 0 (0 > 0 is false: refused, where 0 >= 0 would go
+    # on to divide by it); the shifted Gram is 0 + 0 I (shift 0), whose Cholesky fails: RetractionError,
+    # not the linear-algebra library's own exception
+    Y = np.zeros((8, 3))
+    Z, xi = guards._as(backend, Y, Y)
+    with pytest.raises(R.RetractionError, match="rcqr: sketch of Z \\+ xi is rank deficient"):
+        R.retract_rcqr(Z, xi)
+    with pytest.raises(R.RetractionError, match="cholqr3-shifted: shifted Gram not positive definite"):
+        R.retract_cholqr3_shifted(Z, xi)
