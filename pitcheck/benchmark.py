@@ -34,7 +34,7 @@ QUICK_SHAPES = [(2048, 32), (16384, 64), (8192, 128), (65536, 32)]
 FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
 # the V x V peers run up to this V (their cost grows like V^3; above it they are reported, not run)
 VV_LIMIT = {"quick": 2048, "full": 8192}
-STEP_RETRACTIONS = ("qr", "cholqr2", "cayley", "polar-gram")
+STEP_RETRACTIONS = ("qr", "cholqr2", "cayley", "polar-gram", "rcqr", "cholqr3-shifted")
 # the whole run step (runcost.py) is also timed at the shape issue 16 sets its target at
 RUN_STEP_SHAPE = (2048, 64)
 RUN_STEP_RETRACTION = "qr"
@@ -155,6 +155,16 @@ def peer_cases(V: int, D: int, Z, xi, mode: str) -> tuple[list[Case], list[dict]
                               note="forms V x V"))
         else:
             notes.append({"peer": "geotorch", "vocab": V, "dim": D, "status": _vv_status(V, mode)})
+    try:  # NVIDIA's Newton-Schulz coefficient sets (issue 20): no adapter until it installs beside torch here
+        import emerging_optimizers  # noqa: F401
+    except ImportError:
+        why = ("its releases require Python >= 3.12 (pip: 'Ignored the following versions that require a different "
+               "python version: 0.3.0 Requires-Python >=3.12')" if sys.version_info < (3, 12)
+               else "not installed (pip install emerging-optimizers)")
+        notes.append({"peer": "emerging-optimizers", "vocab": V, "dim": D, "status": f"not run: {why}"})
+    else:
+        notes.append({"peer": "emerging-optimizers", "vocab": V, "dim": D,
+                      "status": "not run: installed, but pitcheck has no adapter for it yet"})
     return cases, notes
 
 

@@ -54,7 +54,8 @@ DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_f
 MODULES: dict[str, list[str]] = {
     "metrics": ["tests/test_metrics.py", "tests/test_metrics_validation.py"],
     "reference": ["tests/test_reference.py"],
-    "retractions": ["tests/test_retractions.py", "tests/test_retraction_registry.py"],
+    "retractions": ["tests/test_retractions.py", "tests/test_retraction_registry.py",
+                    "tests/test_retractions_frontier.py"],
     "formats": ["tests/test_formats.py"],
     "policy": ["tests/test_formats.py", "tests/test_policy.py"],
     "scaling": ["tests/test_scaling.py"],
