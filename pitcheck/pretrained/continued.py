@@ -182,8 +182,10 @@ def continued(out, config: ContinuedConfig, *, model=None, conversion=None, E0=N
     with RunDir(out) as rd:
         rows, start = [], 0
         if rd.record is not None:
-            if rd.read_manifest()["config"] != manifest["config"]:
+            held = dict(rd.read_manifest()["config"]["continued"], steps=config.steps)  # a run may be extended
+            if held != asdict(config):
                 raise PitcheckError(f"{rd.path} holds a run of another configuration; choose another --out")
+            manifest["config"]["continued"] = held
             rows, start = read_rows(rd.path / METRICS), rd.record["step"]
         trainer = Trainer(config, model, conversion, E0)
         if start:
