@@ -82,7 +82,7 @@ class PITHead(torch.nn.Module):
 
     def __init__(self, Z: np.ndarray, L: np.ndarray, retraction: str, dtype=torch.float32):
         super().__init__()
-        from .factory import pit_from
+        from .pit_module import pit_from
 
         self.pit = pit_from(Z, L, dtype=dtype, retraction=retraction)
 

@@ -112,7 +112,7 @@ def measure(E0: np.ndarray, conv: Conversion, dtype: str) -> dict:
     import torch  # deferred: seconds to import; the module under test is torch's
 
     from ..nn import memory_as_used
-    from .factory import pit_from
+    from .pit_module import pit_from
 
     torch_dtype = getattr(torch, dtype)
     module = pit_from(conv.Z, conv.L, dtype=torch_dtype)
