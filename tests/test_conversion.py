@@ -121,3 +121,26 @@ def test_gguf_teacher_specs(tmp_path):
     assert is_gguf("m.gguf:token_embd.weight") and not is_gguf("m.npy")
     with pytest.raises(PitcheckError):  # no such file, or (without gguf) the install hint: one line either way
         teacher_shape(str(tmp_path / "missing.gguf:token_embd.weight"))
+
+
+def test_gguf_teacher_file_is_read_through_gguf_and_converted_exactly(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from pitcheck.trajectory.teacher import load_teacher, teacher_shape, teacher_start
+
+    E0 = table(vocab=300, dim=16).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    writer.add_tensor("token_embd.weight", E0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    spec = f"{tmp_path / 't.gguf'}:token_embd.weight"
+    assert teacher_shape(spec) == (300, 16)
+    assert np.array_equal(load_teacher(spec), E0.astype(np.float64))
+    Z, L = teacher_start(spec, load_teacher(spec))
+    assert np.linalg.norm(Z @ np.linalg.inv(L @ L.T) - E0) / np.linalg.norm(E0) < 1e-13
+    with pytest.raises(PitcheckError, match="has no tensor 'nope'"):
+        teacher_shape(f"{tmp_path / 't.gguf'}:nope")
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(PitcheckError, match="cannot read GGUF file"):
+        teacher_shape(f"{tmp_path / 'bad.gguf'}:token_embd.weight")
