@@ -16,7 +16,7 @@ from ..errors import PitcheckError
 from .common import import_torch_holding_ctrl_c
 
 # verb -> its module under pitcheck/cli (imported when the parser is built)
-VERBS = ("run", "compare", "plot", "validate", "stress", "bench", "heads")
+VERBS = ("run", "compare", "plot", "validate", "stress", "bench", "heads", "convert")
 
 
 def package_version() -> str:
