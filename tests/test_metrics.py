@@ -676,3 +676,25 @@ def test_drift_bound_known_value_and_singular_transform():
     E = reference.embedding_matrix(Z, L)
     assert metrics.pinv_drift(E, Z @ (L @ L.T)) <= metrics.drift_bound(Z, L, U)
     assert metrics.drift_bound(Z, np.diag([1.0, 0.0, 1.0]), U) == float("inf")
+
+
+def test_condition_number_of_a_tall_float32_matrix_with_known_singular_values():
+    rng = np.random.default_rng(7)
+    U = np.linalg.qr(rng.standard_normal((3000, 40)))[0]
+    V = np.linalg.qr(rng.standard_normal((40, 40)))[0]
+    s = np.geomspace(91.0, 1.0, 40)
+    A = ((U * s) @ V.T).astype(np.float32)  # rounding to float32 moves each singular value by O(u)
+    assert metrics.condition_number(A) == pytest.approx(91.0, rel=1e-4)
+    assert metrics.condition_number(A.T) == pytest.approx(91.0, rel=1e-4)  # wide: the same numbers
+    A[5, 3] = np.nan
+    assert metrics.condition_number(A) == math.inf
+
+
+def test_condition_number_falls_back_where_divide_and_conquer_fails(monkeypatch):
+    """gesdd did not converge on SmolLM2's 49152 x 576 table: the QR-iteration SVD answers instead."""
+    def no_convergence(*args, **kwargs):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(np.linalg, "svd", no_convergence)
+    A = np.diag([4.0, 2.0, 0.5])[:, :3]
+    assert metrics.condition_number(np.vstack([A, np.zeros((5, 3))])) == pytest.approx(8.0, rel=1e-14)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import metrics, reference
+from ..metrics import condition_number
 from .dtypes import FP32_U, NARROWER, UNIT_ROUNDOFF, WIDTH
 from .probes import Probe
 
@@ -73,11 +74,6 @@ def generic_condition(ctx: Context) -> float:
 
 
 # ---- measurements on a pair of maps ----------------------------------------------------------------
-
-def condition_number(W: np.ndarray) -> float:
-    s = np.linalg.svd(W, compute_uv=False)
-    return float(s[0] / s[-1]) if s[-1] > 0 else math.inf
-
 
 def memory_orthonormality(E: np.ndarray, W: np.ndarray) -> float:
     """||Z^T Z - I||_2 from the maps alone: the eigenvalues of W E are those of Z^T Z."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gradients import AdversaryParams
+from ..metrics import condition_number
 
 # optimizer for the default target contract: plain SGD at this rate
 DEFAULT_LR = 1e-2
@@ -184,8 +185,7 @@ class Harness:
         """cond(T) as the embedding shows it: cond_2(E) (= cond(T) for an orthonormal memory)."""
         with self.torch.no_grad():
             E = self.embed(self.torch.arange(self.vocab, device=self.device))
-        s = np.linalg.svd(to_numpy(E), compute_uv=False)
-        return float(s[0] / s[-1]) if s[-1] > 0 and np.isfinite(s).all() else math.inf
+        return condition_number(to_numpy(E))
 
     def generic_state(self, cond: float = 10.0, own_steps: int = 3) -> float:
         """Away from T = I (where one solve and two agree): a few own steps, then T driven to `cond`."""
