@@ -415,6 +415,29 @@ def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys, tmp_path):
     assert cli.main(["run", *TINY, "--out", str(tmp_path / "run")]) == 0
 
 
+def test_ctrl_c_wrapped_by_an_import_is_still_one_line(monkeypatch, capsys, tmp_path):
+    """Ctrl-C inside a class's __set_name__ while scipy imports reaches the CLI as a RuntimeError whose
+    cause is the KeyboardInterrupt (seen in CI at 0.3 s); any other RuntimeError is not swallowed."""
+    from pitcheck.trajectory import checkpoint
+
+    def wrapped(*_):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from exc
+
+    monkeypatch.setattr(checkpoint, "versions", wrapped)
+    assert cli.main(["run", *TINY, "--out", str(tmp_path / "run")]) == 130
+    assert capsys.readouterr().err.strip() == "pitcheck: interrupted"
+
+    def unrelated(*_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(checkpoint, "versions", unrelated)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["run", *TINY, "--out", str(tmp_path / "run2")])
+
+
 @pytest.mark.parametrize("delay", [0.3, 0.8, 1.5])
 def test_real_ctrl_c_during_start_up_is_one_line(tmp_path, delay):
     # the torch backend takes seconds to start: these land in its imports and in the set-up

@@ -65,6 +65,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pitcheck: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:
+        # Ctrl-C landing in a class's __set_name__ while a library imports (scipy's, measured) reaches here
+        # wrapped in a RuntimeError: still an interruption, not a crash
+        if not _caused_by_ctrl_c(exc):
+            raise
+        print("pitcheck: interrupted", file=sys.stderr)
+        return 130
+
+
+def _caused_by_ctrl_c(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _main(argv: list[str] | None) -> int:
