@@ -26,17 +26,25 @@ def random_memory(vocab: int, dim: int, rng: np.random.Generator) -> np.ndarray:
     return q * np.where(np.diag(r) < 0, -1.0, 1.0)
 
 
+def table_svd(table: np.ndarray, what: str = "teacher embedding") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The thin SVD P, s, Q^T of a V x D embedding table in float64, refused in one line where it is not a
+    finite 2-D table of full rank (then its polar factor and pseudo-inverse are not unique)."""
+    table = np.asarray(table, dtype=np.float64)
+    if table.ndim != 2:
+        raise PitcheckError(f"{what} must be 2-D (V x D), got shape {table.shape}")
+    check_shapes(*table.shape)
+    if not np.isfinite(table).all():
+        raise PitcheckError(f"{what} has non-finite entries")
+    p, s, qt = np.linalg.svd(table, full_matrices=False)
+    if not s[-1] > s[0] * table.shape[0] * np.finfo(np.float64).eps:
+        raise PitcheckError(f"{what} is rank deficient (singular values {s[0]:.3g} ... {s[-1]:.3g}): its polar "
+                            "factor and pseudo-inverse are not unique")
+    return p, s, qt
+
+
 def polar_memory(teacher: np.ndarray) -> np.ndarray:
     """Memory from a teacher embedding E0 = P S Q^T: its polar factor P Q^T (nearest orthonormal)."""
-    teacher = np.asarray(teacher, dtype=np.float64)
-    if teacher.ndim != 2:
-        raise PitcheckError(f"teacher embedding must be 2-D, got shape {teacher.shape}")
-    check_shapes(*teacher.shape)
-    if not np.isfinite(teacher).all():
-        raise PitcheckError("teacher embedding has non-finite entries")
-    p, s, qt = np.linalg.svd(teacher, full_matrices=False)
-    if s[-1] <= s[0] * teacher.shape[0] * np.finfo(np.float64).eps:
-        raise PitcheckError("teacher embedding is rank deficient: its polar factor is not unique")
+    p, _, qt = table_svd(teacher)
     return p @ qt
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import PitcheckError
 from ..formats import format_of_dtype
 from ..metrics import head_metrics, orthonormality_loss
-from ..reference import check_shapes, cholesky_factor
+from ..reference import cholesky_factor, table_svd
 from ..rundir import write_atomic
 
 CERTIFIED_DTYPES = ("float64", "float32", "bfloat16")
@@ -49,15 +49,7 @@ class Conversion:
 def convert_table(E0: np.ndarray) -> Conversion:
     """Z and L of the exact PIT form of E0 (float64), with the SVD's own residuals for the bound."""
     E0 = np.asarray(E0, dtype=np.float64)
-    if E0.ndim != 2:
-        raise PitcheckError(f"a tied table must be 2-D (V x D), got shape {E0.shape}")
-    check_shapes(*E0.shape)
-    if not np.isfinite(E0).all():
-        raise PitcheckError("the tied table has non-finite entries")
-    P, s, Qt = np.linalg.svd(E0, full_matrices=False)
-    if not s[-1] > s[0] * E0.shape[0] * np.finfo(np.float64).eps:
-        raise PitcheckError(f"the tied table is rank deficient (singular values {s[0]:.3g} ... {s[-1]:.3g}): "
-                            "it has no pseudo-inverse tying of full rank")
+    P, s, Qt = table_svd(E0, "the tied table")
     Q = Qt.T
     T = (Q / s) @ Q.T
     L = cholesky_factor(0.5 * (T + T.T))  # symmetric to the last bit before the factorisation
