@@ -1,0 +1,45 @@
+"""Run (or resume) the committed SmolLM2 continued-pretraining study and write results/smollm2/.
+
+    python scripts/smollm2_study.py --runs /tmp/smollm2-runs --out results/smollm2 --steps 100
+
+Each head x precision is its own run directory under --runs (SIGKILL-resumable: rerun the same command);
+the wall seconds each call took are appended to OUT/timings.json so the README can say how long it took.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from pitcheck.pretrained.study import run_study, write_study
+from pitcheck.threads import apply_thread_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True)
+    parser.add_argument("--out", default="results/smollm2")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--precisions", default="fp32,bf16-mixed")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    apply_thread_policy(args.threads)
+    options = dict(steps=args.steps, sequences=2, seq_len=32, eval_sequences=4, record_every=10,
+                   checkpoint_every=10)
+    start = time.monotonic()
+    seconds = run_study(args.runs, precisions=tuple(args.precisions.split(",")), progress=True, **options)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings = out / "timings.json"
+    log = json.loads(timings.read_text()) if timings.exists() else []
+    log.append({"options": options, "precisions": args.precisions, "threads": args.threads,
+                "seconds": {k: round(v, 1) for k, v in seconds.items()},
+                "total_seconds": round(time.monotonic() - start, 1)})
+    timings.write_text(json.dumps(log, indent=1) + "\n")
+    for name in write_study(out, args.runs):
+        print(name)
+
+
+if __name__ == "__main__":
+    main()
