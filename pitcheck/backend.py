@@ -66,6 +66,9 @@ class ArrayBackend:
                                          f"{policy.matmul}, fp32 accumulation, result rounded")
             else:
                 self.ops = TorchOps()
+            if policy.placement:
+                self.emulated.append(f"placement {policy.placement.name} emulated bit-exactly in float64 on the "
+                                     "CPU (pitcheck.scaling), not native float8 GEMMs")
         else:
             raise PitcheckError(f"unknown backend {name!r}; choose numpy or torch")
 

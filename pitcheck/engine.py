@@ -19,6 +19,7 @@ from .backend import ArrayBackend, resolve_device  # noqa: F401  (resolve_device
 from .errors import PitcheckError
 from .heads import get_head, StateBreakdown  # noqa: F401  (StateBreakdown: raised by step)
 from .optim import MOMENTS, OPTIMIZERS, get_optimizer  # noqa: F401  (OPTIMIZERS: the CLI's choices)
+from .placement import through
 from .policy import Policy
 from .retractions import get_retraction
 
@@ -189,6 +190,9 @@ class Engine:
         """The optimizer's direction for the parameter whose gradient is named `name`; its moments kept."""
         moments = tuple(self.opt[m + name] for m in MOMENTS)
         direction, moments = self.optimizer(g, moments, self.opt_step + 1, self.ops)
+        placed = self.policy.placement
+        if placed and placed.moments:  # stored narrow, as the precision-aware optimizer keeps them
+            moments = tuple(self.arrays.to(through(v, placed.moments), self.policy.factor) for v in moments)
         self.opt.update({m + name: v for m, v in zip(MOMENTS, moments)})
         return direction
 

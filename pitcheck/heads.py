@@ -23,6 +23,7 @@ from .gradients import gradient
 from .metrics import (cholesky_conditioning, head_metrics, interface_metrics, measure_guarded, orthonormality_loss,
                       orthonormality_ratio, sample_ids, trisolve_errors)
 from .formats import FORMATS
+from .placement import quantised_head, through
 from .policy import Policy
 from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
@@ -70,6 +71,11 @@ class PitHead:
         raw = to(master["raw"], p.factor)
         self.Z = to(master["Z"], p.storage)
         self.L = to(ops.tril(raw, -1) + ops.diag(ops.softplus(ops.diag(raw))), p.storage)
+        placed = p.placement
+        if placed and placed.z_copy:  # the copy the model computes with; the master keeps full precision
+            self.Z = to(through(self.Z, placed.z_copy), p.storage)
+        if placed and placed.l_copy:
+            self.L = to(through(self.L, placed.l_copy), p.storage)
 
     def stored(self) -> tuple[np.ndarray, np.ndarray]:
         return self.arrays.numpy(self.Z), self.arrays.numpy(self.L)
@@ -145,8 +151,11 @@ class PitHead:
         Z, L = self.stored()
         E = self.embed_all()
         u, factor_u = self.policy.u, FORMATS[self.policy.factor].u
+        placed = self.policy.placement
+        # the FP8 logits GEMM's head, when the policy puts one there (pitcheck.placement)
+        B = quantised_head(Z, L, placed) if placed and placed.logits else Z @ (L @ L.T)
         try:
-            return interface_metrics(Z, L, E, u, factor_u)
+            return interface_metrics(Z, L, E, u, factor_u, B=B)
         except PitcheckError:
             pass
         ids = sample_ids(Z.shape[0], 256)
@@ -157,7 +166,7 @@ class PitHead:
              lambda: {"orthonormality": orthonormality_loss(Z), "orthonormality_ratio": orthonormality_ratio(Z, u)}),
             (CONDITIONING, lambda: conditioning),
             (TRISOLVE, lambda: trisolve_errors(Z, L, E[ids], ids, u, cond_T)),
-            (HEAD, lambda: head_metrics(E, Z @ (L @ L.T))),
+            (HEAD, lambda: head_metrics(E, B)),
         ], conditioning.get("unmeasured", []))
 
     def distance(self, other: "PitHead") -> tuple[float, float]:

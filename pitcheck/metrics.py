@@ -388,11 +388,12 @@ def pinv_error(E: np.ndarray, B: np.ndarray) -> float:
     return _pinv_error(RangeSplit(E, B))
 
 
-def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256) -> dict:
+def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None) -> dict:
     """Every tracked metric for a PIT model: Z and L as stored, E the embedding rows as computed.
 
     u is the unit roundoff errors are reported in; factor_u (default u) that of the precision T would
-    be factorised in, which decides the Cholesky breakdown margin.
+    be factorised in, which decides the Cholesky breakdown margin. B = W^T is the head as computed
+    (default Z T, exact from the stored Z and L; an FP8 logits GEMM's head differs).
     """
     Z, L, E = as_matrix(Z, "Z"), as_matrix(L, "L"), as_matrix(E, "E")
     if Z.shape != E.shape or L.shape != (Z.shape[1], Z.shape[1]):
@@ -407,7 +408,7 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     out.update(cholesky_conditioning(L, factor_u))
     ids = sample_ids(Z.shape[0], sample_rows)
     out.update(trisolve_errors(Z, L, E[ids], ids, u, out["cond_T"]))
-    B = Z @ (L @ L.T)  # W^T = Z T
+    B = Z @ (L @ L.T) if B is None else as_matrix(B, "B")  # W^T = Z T
     out.update(head_metrics(E, B))
     return out
 

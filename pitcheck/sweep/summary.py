@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats import FORMATS, round_to
+from ..formats import FORMATS
 from ..metrics import orthonormality_loss
+from ..placement import stored_copy
 from ..policy import get_policy
 from ..rundir import read_events, read_metrics
 from ..stats import growth_fit
@@ -36,15 +37,16 @@ FLOOR_SAMPLES = 3
 
 
 def storage_floor(precision: str, vocab: int, dim: int) -> float:
-    """||Q^T Q - I||_F of an exactly orthonormal V x D Q rounded to the format Z is stored in (median of
+    """||Q^T Q - I||_F of an exactly orthonormal V x D Q rounded to the format Z is stored in, and through
+    the policy's placement of Z if it has one (median of
     FLOOR_SAMPLES seeded Q's): no retraction can keep Z closer to the manifold than this."""
-    fmt = FORMATS[get_policy(precision).storage]
+    policy = get_policy(precision)
     values = []
     for seed in range(FLOOR_SAMPLES):
         rng = np.random.default_rng([seed, vocab, dim, 7])
         Q, R = np.linalg.qr(rng.standard_normal((vocab, dim)))
         Q = Q * np.where(np.diag(R) < 0, -1.0, 1.0)
-        values.append(orthonormality_loss(Q if fmt.name == "fp64" else round_to(Q, fmt)))
+        values.append(orthonormality_loss(stored_copy(Q, policy.storage, policy.placement)))
     return float(np.median(values))
 
 
