@@ -71,6 +71,8 @@ PLACEMENTS: dict[str, Placement] = {
                   "with fp32 scales", logits=("block-1x128", "block-128x128")),
         Placement("logits-mxfp8", "MXFP8 GEMM (Blackwell): both operands in 1 x 32 blocks with E8M0 scales",
                   logits=("mxfp8", "mxfp8")),
+        Placement("logits-mxfp8-rceil", "MXFP8 GEMM with NVIDIA's scale rule 2^ceil(log2(amax / 448)): no block "
+                  "maximum saturates", logits=("mxfp8-rceil", "mxfp8-rceil")),
         Placement("gathered-z", "FSDP2 float8 all-gather: the communicated Z in E4M3 with a per-tensor scale, the "
                   "fp32 master kept", z_copy="tensor-current"),
         Placement("adam-fp8", "Megatron's precision-aware optimizer: Adam's moments stored in E4M3, one scale per "

@@ -64,7 +64,8 @@ POLICIES: dict[str, Policy] = {
         # fp32 training with one placement each (pitcheck.placement): the precision frontier
         *(Policy(name, "fp32", "fp32", "fp32", "fp32", "fp32", placement_name=placement)
           for name, placement in (("fp8-logits", "logits-tensor"), ("fp8-logits-block", "logits-block"),
-                                  ("mxfp8-logits", "logits-mxfp8"), ("fp8-gathered-z", "gathered-z"),
+                                  ("mxfp8-logits", "logits-mxfp8"),
+                                  ("mxfp8-rceil-logits", "logits-mxfp8-rceil"), ("fp8-gathered-z", "gathered-z"),
                                   ("fp8-adam", "adam-fp8"), ("fp8-store", "store-fp8"),
                                   ("mxfp8-store", "store-mxfp8"), ("nvfp4-store", "store-nvfp4"))),
     ]
