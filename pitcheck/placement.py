@@ -107,6 +107,15 @@ def quantised_head(Z: np.ndarray, L: np.ndarray, placement: Placement) -> np.nda
     return through(Z, weight) @ through(T, activation).T
 
 
+def z_format(storage: str, placement: Placement | None) -> tuple[str, float]:
+    """The format the model's Z is computed in, as a label, and its unit roundoff: the storage format, or the
+    placement's recipe for Z's copy and that recipe's element format."""
+    if placement is None or not placement.z_copy:
+        return storage, FORMATS[storage].u
+    element = get_recipe(placement.z_copy).element
+    return f"{storage} via {placement.z_copy} ({element})", FORMATS[element].u
+
+
 def stored_copy(Q: np.ndarray, storage: str, placement: Placement | None) -> np.ndarray:
     """Q (float64) as a model storing it in `storage` computes with it under the placement: the floor of
     an exactly orthonormal Q is the orthonormality of this copy."""

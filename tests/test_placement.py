@@ -41,6 +41,9 @@ def test_every_placement_is_named_by_one_policy_and_old_manifests_are_unchanged(
     fp32 = get_policy("fp32").describe()
     assert set(fp32) == {"name", "storage", "master", "factor", "matmul", "gradient", "loss_scaling", "u"}
     assert get_policy("fp8-store").describe()["placement"]["z_copy"] == "tensor-current"
+    # errors are in units of the coarsest element format the maps pass through
+    assert get_policy("nvfp4-store").u == 2.0**-2 and get_policy("fp8-logits").u == 2.0**-4
+    assert get_policy("fp8-adam").u == get_policy("fp32").u
     with pytest.raises(PitcheckError, match="unknown placement"):
         get_placement("fp6")
 

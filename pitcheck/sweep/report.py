@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats import FORMATS
+from ..placement import z_format
 from ..plotting import pyplot, save_png_and_svg
 from ..policy import get_policy
 from ..retractions import RECORDS, PlotStyle
@@ -101,7 +101,8 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "## Table",
         "",
         "One row per cell group, aggregated over seeds: final ||Z^T Z - I||_F (median, min-max over seeds); "
-        "floor = that of an exactly orthonormal Q rounded to the storage format (measured, same shape); "
+        "floor = that of an exactly orthonormal Q rounded to the storage format, and through the placement's "
+        "recipe where Z's copy has one (measured, same shape); "
         "growth exponent = slope of log error against log step over steps sqrt(N)..N (0 bounded, 0.5 random "
         "walk, 1 linear) ± its standard error; pinv drift = ||W E - I||_F at the end (median); drift bound = "
         "cond(T) (||Z^T Z - I||_F + u_factor), the first-order bound W E - I = T (Z^T Z - I) T^{-1} plus the "
@@ -126,12 +127,12 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     ]
     seen = set()
     for r in rows:
-        fmt = get_policy(r["precision"]).storage
+        policy = get_policy(r["precision"])
+        fmt, u = z_format(policy.storage, policy.placement)
         key = (fmt, r["vocab"], r["dim"])
         if key in seen:
             continue
         seen.add(key)
-        u = FORMATS[fmt].u
         D, V = r["dim"], r["vocab"]
         est = u * math.sqrt((2 * D * (D - 1) / 3 + 4 * D) / V)
         lines.append(f"| {fmt} | {u:.3g} | {r['floor']:.2e} ({r['vocab']} x {r['dim']}) | {est:.1e} |")

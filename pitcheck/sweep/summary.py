@@ -12,7 +12,7 @@ import numpy as np
 
 from ..formats import FORMATS
 from ..metrics import orthonormality_loss
-from ..placement import stored_copy
+from ..placement import stored_copy, z_format
 from ..policy import get_policy
 from ..rundir import read_events, read_metrics
 from ..stats import growth_fit
@@ -97,7 +97,7 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
             except (OSError, ValueError, KeyError, TypeError):
                 pass
         finals = [r[-1]["orthonormality"] for r in runs]
-        key = (get_policy(precision).storage, vocab, dim)
+        key = (z_format(get_policy(precision).storage, get_policy(precision).placement)[0], vocab, dim)
         if key not in floors:
             floors[key] = storage_floor(precision, vocab, dim)
         slope, err = growth_exponent(runs, grid.steps)
