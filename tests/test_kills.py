@@ -25,6 +25,10 @@ NUMPY_RUN = ["run", "--vocab", "256", "--dim", "8", "--steps", "400", "--optimiz
 TORCH_RUN = ["run", "--backend", "torch", "--precision", "fp16", "--device", "cpu", "--vocab", "256", "--dim", "8",
              "--steps", "300", "--optimizer", "adam", "--retraction", "qr", "--adversary", "gaussian,spike",
              "--no-progress"]
+# two gloo ranks hold Z's rows; the parent holds the single-process reference and the shadow
+SHARDED_RUN = ["run", "--precision", "fp32", "--device", "cpu", "--shards", "2", "--pad-multiple", "4", "--vocab", "61",
+               "--dim", "4", "--steps", "120", "--optimizer", "adam", "--retraction", "cholqr2", "--adversary",
+               "gaussian,spike", "--no-progress"]
 COMPARE = ["compare", "--precisions", "fp64,fp16", "--retractions", "qr,cayley", "--vocab", "128", "--dim", "8",
            "--adversary", "gaussian", "--seed", "0", "--steps", "150", "--no-progress"]
 
@@ -193,6 +197,11 @@ def test_sigkill_numpy_run_resumes_byte_identical(tmp_path):
 
 def test_sigkill_torch_run_resumes_byte_identical(tmp_path):
     _kill_run(tmp_path, TORCH_RUN, kills=3, sig=signal.SIGKILL, seed=2)
+
+
+def test_sigkill_sharded_run_resumes_byte_identical(tmp_path):
+    # the ranks' blocks are in the checkpoint, and a killed parent's ranks leave with it (no orphans)
+    _kill_run(tmp_path, SHARDED_RUN, kills=2, sig=signal.SIGKILL, seed=4)
 
 
 def test_sigterm_run_commits_and_resumes_byte_identical(tmp_path):

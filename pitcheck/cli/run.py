@@ -25,6 +25,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--head", default="pit", choices=HEADS,
                    help="PIT, or the baselines: standard tying (W = E^T) or two untied tables")
     p.add_argument("--no-shadow", action="store_true", help="torch backend: skip the float64 shadow")
+    g = p.add_argument_group("sharded runs (torch backend: Z row-sharded over gloo ranks, T replicated)")
+    g.add_argument("--shards", type=int, default=None, metavar="N",
+                   help="ranks Z's rows are sharded over (default 1: one process)")
+    g.add_argument("--pad-multiple", type=int, default=None, metavar="M",
+                   help="pad the vocabulary with zero rows to a multiple of M x N (Megatron's layout)")
+    g.add_argument("--allreduce-dtype", default=None, metavar="fp64|fp32|bf16",
+                   help="the dtype sums cross the ranks in (default: the tensors' own)")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     add_lm_options(p)

@@ -13,10 +13,11 @@ from .. import __version__
 from ..errors import PitcheckError
 from ..events import ends_run, malformed
 from ..metrics import EXTENDED_BITS
-from ..rundir import (CHECKPOINT, CSV_COLUMNS, EVENTS, LOSS_COLUMNS, MANIFEST, METRICS, RunDir, csv_bytes,
+from ..rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, RunDir, csv_bytes,
                       events_bytes, manifest_bytes, npz_bytes)
 from ..sources import STATEFUL_SOURCES, stateful_source
 from .config import RunConfig, is_int, recorded_steps
+from .shard_metrics import SHARD_COLUMNS
 from .step import Lockstep
 from .teacher import teacher_source
 
@@ -79,10 +80,22 @@ def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: l
     """One commit of the whole directory at `step`."""
     store.commit(step, {
         CHECKPOINT: npz_bytes(pair.arrays(step)),
-        METRICS: csv_bytes(rows),
+        METRICS: metrics_bytes(rows),
         EVENTS: events_bytes(events),
         MANIFEST: manifest_bytes(manifest),
     })
+
+
+def metrics_bytes(rows: list[dict]) -> bytes:
+    """metrics.csv as rundir writes it, with a sharded run's SHARD_COLUMNS after the rest (appended here
+    until rundir.csv_bytes knows them: every cell is a float repr, so no quoting is needed)."""
+    text = csv_bytes(rows)
+    if not rows or SHARD_COLUMNS[0] not in rows[0]:
+        return text
+    lines = text.decode().split("\n")
+    out = [lines[0] + "," + ",".join(SHARD_COLUMNS)]
+    out += [line + "," + ",".join(repr(float(r[k])) for k in SHARD_COLUMNS) for line, r in zip(lines[1:], rows)]
+    return ("\n".join(out) + "\n").encode()
 
 
 def config_differences(config: RunConfig, manifest: dict, ignore: tuple[str, ...], out: Path) -> list[str]:
@@ -191,9 +204,12 @@ class Resume:
         return step
 
     def _check_rows(self, step: int, written_steps: int) -> list[dict]:
-        rows = self.store.read_metrics(CSV_COLUMNS)
+        rows = self.store.read_metrics()
         if not rows or rows[0]["step"] != 0:
             raise self.refuse(f"{METRICS} has no row for step 0 (emptied or truncated)")
+        want = set(METRIC_COLUMNS) | (set(SHARD_COLUMNS) if self.config.shards > 1 else set())
+        if set(rows[0]) - set(LOSS_COLUMNS) != want:
+            raise self.refuse(f"{METRICS} does not have this run's columns")
         if rows[-1]["step"] > step:
             raise self.refuse(f"{METRICS} has rows after step {step}, the checkpoint's: it mixes two states")
         # a commit record vouches that rows and checkpoint were written together; without one (a directory

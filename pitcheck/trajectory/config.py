@@ -50,6 +50,9 @@ class RunConfig:
     device: str = "auto"
     records_per_decade: int = 10
     shadow: bool = True  # torch backend: step a float64 numpy shadow alongside
+    shards: int = 1  # > 1: Z row-sharded over this many gloo ranks (trajectory/sharded.py)
+    pad_multiple: int = 0  # sharded: pad the vocabulary with zero rows to a multiple of this times shards
+    allreduce_dtype: str = ""  # sharded: the dtype sums cross the ranks in ("": the tensors' own)
     adversary_params: AdversaryParams = field(default_factory=AdversaryParams)
     lm: LMParams = field(default_factory=LMParams)  # the lm source's model and batches
 
@@ -119,12 +122,16 @@ class RunConfig:
         self.settings()
         if source:
             source.check_config(self)
+        check_sharding(self)
 
     def settings(self) -> StepSettings:
         return StepSettings(self.retraction, self.optimizer, self.lr, self.reproject_every, self.reproject_threshold)
 
     def to_json(self) -> dict:
         d = asdict(self)
+        if self.shards == 1:  # an unsharded run's config (and a sweep cell's name) is what it was before
+            for name in SHARDING_FIELDS:
+                d.pop(name)
         used = stateful_source(self.adversary)
         for source in STATEFUL_SOURCES.values():
             if source is not used:
@@ -138,6 +145,50 @@ class RunConfig:
         d = dict(d)
         d["adversary_params"] = AdversaryParams(**d.get("adversary_params", {}))
         return cls(**d)
+
+
+SHARDING_FIELDS = ("shards", "pad_multiple", "allreduce_dtype")
+ALLREDUCE_DTYPES = ("fp64", "fp32", "bf16")
+
+
+def check_sharding(cfg: RunConfig) -> None:
+    """--shards, --pad-multiple and --allreduce-dtype: in range, and only where a sharded run can run."""
+    for name in ("shards", "pad_multiple"):
+        if not is_int(getattr(cfg, name)):
+            raise PitcheckError(f"{name} must be an integer, got {getattr(cfg, name)!r}")
+    if not isinstance(cfg.allreduce_dtype, str):
+        raise PitcheckError(f"allreduce_dtype must be a string, got {cfg.allreduce_dtype!r}")
+    if not 1 <= cfg.shards <= cfg.vocab:
+        raise PitcheckError(f"--shards must be in [1, V = {cfg.vocab}] (every rank owns at least one row), "
+                            f"got {cfg.shards}")
+    if cfg.pad_multiple < 0:
+        raise PitcheckError(f"--pad-multiple must be >= 0 (0: no padding), got {cfg.pad_multiple}")
+    if cfg.allreduce_dtype not in ("",) + ALLREDUCE_DTYPES:
+        raise PitcheckError(f"unknown --allreduce-dtype {cfg.allreduce_dtype!r}; choose {', '.join(ALLREDUCE_DTYPES)}")
+    if cfg.shards == 1:
+        given = [opt for opt, on in (("--pad-multiple", cfg.pad_multiple), ("--allreduce-dtype", cfg.allreduce_dtype))
+                 if on]
+        if given:
+            raise PitcheckError(f"{', '.join(given)} only make sense with --shards N > 1")
+        return
+    policy = get_policy(cfg.precision)
+    refusals = [
+        (cfg.backend != "torch", "runs on the torch backend (torch.distributed): drop --backend numpy"),
+        (cfg.device.startswith("cuda"), "runs its ranks on the CPU (gloo): use --device cpu"),
+        (cfg.head != "pit", "shards PIT's Z: use --head pit"),
+        (bool(stateful_source(cfg.adversary)), f"takes the stateless adversaries, not {cfg.adversary}"),
+        (bool(cfg.reproject_every or cfg.reproject_threshold), "has no distributed re-projection: drop --reproject-*"),
+        (policy.matmul != policy.factor, f"needs a precision whose matmuls run in the factor dtype (the distributed "
+                                         f"retractions do not emulate {policy.matmul} matmuls), not {cfg.precision}"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise PitcheckError(f"--shards {cfg.shards} {why}")
+    from ..sharded import SHARDED_RETRACTIONS  # deferred: it imports torch, which only a sharded run needs
+
+    if cfg.retraction not in SHARDED_RETRACTIONS:
+        raise PitcheckError(f"--shards {cfg.shards}: no distributed retraction {cfg.retraction!r}; choose from "
+                            f"{', '.join(SHARDED_RETRACTIONS)}")
 
 
 DEVICE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)\Z", re.ASCII)

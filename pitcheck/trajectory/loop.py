@@ -14,7 +14,7 @@ from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, RunDir, read_even
 from ..threads import thread_policy
 from .checkpoint import Resume, check_restart, commit, input_hashes, manifest
 from .config import RunConfig, recorded_steps
-from .step import Lockstep
+from .sharded import make_lockstep
 
 
 class RunBreakdown(PitcheckError):
@@ -58,7 +58,7 @@ class Trajectory:
         if resume and not self.out.exists():
             raise PitcheckError(f"nothing to resume: {self.out} does not exist (without --resume a run starts there)")
         # everything that needs no directory is built and checked first: a run refused there creates nothing
-        self.pair = Lockstep(config)
+        self.pair = make_lockstep(config)
         self.engine, self.shadow, self.policy = self.pair.engine, self.pair.shadow, self.pair.policy
         self.inputs = input_hashes(config)
         created = [p for p in (self.out, *self.out.parents) if not p.exists()]
@@ -68,6 +68,7 @@ class Trajectory:
             self._prepare(resume, force)
         except BaseException:
             self.store.close()
+            self.pair.close()
             _remove_created(self.out, created, lock_existed)
             raise
 
@@ -160,6 +161,7 @@ class Trajectory:
                 return self._run()
         finally:
             self.store.close()
+            self.pair.close()
 
     def _run(self) -> list[dict]:
         cfg = self.config

@@ -130,6 +130,9 @@ class Lockstep:
             raise
         return events
 
+    def close(self) -> None:
+        """Nothing to end in one process (a sharded run ends its ranks here)."""
+
     def undo(self) -> None:
         """Put both back where they were before the last step."""
         before, shadow_before = self._before
