@@ -23,12 +23,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--precisions", default="fp32,bf16-mixed")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--heads", default="tied,untied,pit-qr,pit-cholqr2")
+    parser.add_argument("--record-every", type=int, default=10)
     args = parser.parse_args()
     apply_thread_policy(args.threads)
-    options = dict(steps=args.steps, sequences=2, seq_len=32, eval_sequences=4, record_every=10,
-                   checkpoint_every=10)
+    options = dict(steps=args.steps, sequences=2, seq_len=32, eval_sequences=4,
+                   record_every=args.record_every, checkpoint_every=args.record_every)
     start = time.monotonic()
-    seconds = run_study(args.runs, precisions=tuple(args.precisions.split(",")), progress=True, **options)
+    heads = [tuple(h.split("-", 1)) if h.startswith("pit-") else (h, "") for h in args.heads.split(",")]
+    seconds = run_study(args.runs, precisions=tuple(args.precisions.split(",")), heads=heads, progress=True,
+                        **options)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timings = out / "timings.json"

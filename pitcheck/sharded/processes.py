@@ -84,13 +84,14 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, timeout_s:
         dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=world_size,
                                 timeout=_as_timedelta(timeout_s))
     except BaseException as exc:  # noqa: BLE001 (reported to the parent, which ends the pool)
-        conn.send_bytes(pickle.dumps(("error", _describe(exc))))
+        _send_quietly(conn, pickle.dumps(("error", _describe(exc))))
         return
-    conn.send_bytes(pickle.dumps(("ready", None)))
+    if not _send_quietly(conn, pickle.dumps(("ready", None))):
+        os._exit(0)
     while True:
         try:
             message = conn.recv_bytes()
-        except EOFError:  # the parent is gone
+        except (EOFError, OSError):  # the parent is gone (a killed parent resets the pipe)
             break
         task = pickle.loads(message)
         if task is None:
@@ -104,7 +105,8 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, timeout_s:
             payload = pickle.dumps(reply)
         except Exception as exc:  # noqa: BLE001 (an unpicklable result is the task's error)
             payload = pickle.dumps(("error", _describe(exc)))
-        conn.send_bytes(payload)
+        if not _send_quietly(conn, payload):  # the parent is gone
+            break
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
@@ -113,6 +115,15 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, timeout_s:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _send_quietly(conn, payload: bytes) -> bool:
+    """Send to the parent; False when it is gone (killed: its end of the pipe is closed or reset)."""
+    try:
+        conn.send_bytes(payload)
+        return True
+    except OSError:
+        return False
 
 
 def _describe(exc: BaseException) -> dict:
