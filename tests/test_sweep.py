@@ -148,7 +148,7 @@ def _row(ret, prec, err, growth, ms, breakdowns=0, floor=1e-7):
     return {"retraction": ret, "precision": prec, "adversary": "gaussian", "head": "pit", "seeds": 3,
             "steps": 1000, "final_orthonormality": err, "error_over_floor": err / floor, "growth_exponent": growth,
             "growth_exponent_err": 0.01, "ms_per_step": ms, "breakdowns": breakdowns, "breakdowns_T": 0, "failed_retractions": 0,
-            "max_cond_T": 1.5, "optimizer": "sgd", "lr": 0.01}
+            "max_cond_T": 1.5, "optimizer": "sgd", "lr": 0.01, "floor": floor}
 
 
 def test_verdict_prefers_accuracy_then_cost_and_names_the_unsafe():
@@ -163,6 +163,19 @@ def test_verdict_prefers_accuracy_then_cost_and_names_the_unsafe():
     assert "k^0.50" in text and "Z broke down in 1 of 3 seeds" in text
     (v,) = sw.verdicts([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])
     assert v["best"] is None and "none" in sw.verdict_lines([_row("cayley", "bf16", 1e-2, 0.5, 0.1)])[2]
+
+
+def test_a_format_whose_floor_exceeds_a_tenth_gets_no_recommendation():
+    # NVFP4-stored Z: every retraction at the floor 0.29; a growing one is still named unsafe
+    rows = [_row("qr", "nvfp4-store", 0.29, 0.0, 1.0, floor=0.29), _row("cholqr2", "nvfp4-store", 0.28, 0.0, 0.5, floor=0.29),
+            _row("cayley", "nvfp4-store", 0.4, 0.5, 0.2, floor=0.29)]
+    (v,) = sw.verdicts(rows)
+    assert v["best"] is None and v["unresolved"] and [u["retraction"] for u in v["unsafe"]] == ["cayley"]
+    line = sw.verdict_lines(rows)[2]
+    assert "inconclusive: the format's floor 0.29 > 0.1" in line and "**" not in line
+    # at a floor of 0.09 (MXFP8-stored Z) the question is resolved
+    (v,) = sw.verdicts([_row("qr", "mxfp8-store", 0.09, 0.0, 1.0, floor=0.093)])
+    assert v["best"]["retraction"] == "qr"
 
 
 def test_a_row_whose_growth_cannot_be_measured_is_inconclusive_never_recommended():

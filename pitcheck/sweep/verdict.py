@@ -13,6 +13,9 @@ UNSTABLE_COND_T = 1e8
 BOUNDED_GROWTH = 0.25
 # a retraction whose final error is within this factor of the best one's is as accurate; the cheapest wins
 ACCURACY_TIE = 2.0
+# a format whose floor ||Q^T Q - I||_F exceeds this cannot resolve how well a retraction keeps Z orthonormal:
+# every retraction sits at the floor (NVFP4-stored Z: 0.29 at 256 x 32), so no recommendation is made
+RESOLVABLE_FLOOR = 0.1
 
 
 def measurable(row: dict) -> bool:
@@ -82,8 +85,10 @@ def verdicts(rows: list[dict]) -> list[dict]:
                                "the most accurate, and the cheapest of those within "
                                f"{ACCURACY_TIE:g}x of it" if best["ratio"] == top else
                                f"within {ACCURACY_TIE:g}x of the most accurate and the cheapest of those")
-        out.append({"precision": p, "best": best, "safe": safe, "unsafe": unsafe, "inconclusive": inconclusive,
-                    "judged": bool(by_ret)})
+        floor = max((r["floor"] for r in prow), default=0.0)
+        unresolved = floor > RESOLVABLE_FLOOR
+        out.append({"precision": p, "best": None if unresolved else best, "safe": safe, "unsafe": unsafe,
+                    "inconclusive": inconclusive, "judged": bool(by_ret), "floor": floor, "unresolved": unresolved})
     return out
 
 
@@ -114,6 +119,9 @@ def verdict_lines(rows: list[dict]) -> list[str]:
             why = (f"{b['because']}: error {b['ratio']:.2g}x the storage floor, growth exponent "
                    f"{b['growth']:+.2f} ± {b['growth_err']:.2f}, {b['ms']:.3g} ms/step")
             rec = f"**{b['retraction']}**"
+        elif v["unresolved"]:
+            rec, why = "none", (f"inconclusive: the format's floor {v['floor']:.2g} > {RESOLVABLE_FLOOR:g} "
+                                "cannot resolve which retraction keeps Z closer (every error is at the floor)")
         elif not v["judged"]:
             rec, why = "none", "no retraction to judge: only the baseline heads (tied, untied), which have none"
         elif v["inconclusive"]:
