@@ -47,6 +47,7 @@ from ..heads import PIT_ONLY
 from ..rundir import METRIC_COLUMNS
 from ..stats import MIN_GROWTH_POINTS
 from ..trajectory import RunConfig, recorded_steps
+from ..trajectory.shard_metrics import SHARD_COLUMNS
 from ..heads import get_head
 
 SUITE_DIR = Path(__file__).resolve().parents[2] / "stress"  # the shipped suite, in the source tree
@@ -62,7 +63,7 @@ class StressInputError(PitcheckError):
 
 
 def _metric_names() -> list[str]:
-    return [c for c in METRIC_COLUMNS if c != "step"]
+    return [c for c in METRIC_COLUMNS if c != "step"] + SHARD_COLUMNS
 
 
 def _run_fields() -> dict[str, str]:
@@ -307,11 +308,13 @@ def load_file(path: Path | str) -> list[Scenario]:
             never |= set(SHADOW_METRICS)
         if not get_head(config.head).has_retraction:
             never |= set(PIT_ONLY)
+        if config.shards <= 1:
+            never |= set(SHARD_COLUMNS)
         for c in checks:
             if c.metric in never:
                 raise StressInputError(f"{_where(path, text, here)}: scenario {name!r}: budget on {c.metric}, which "
                                        f"this run does not record (backend {config.backend}, shadow {config.shadow}, "
-                                       f"head {config.head})")
+                                       f"head {config.head}, shards {config.shards})")
         try:
             config.validate()
         except PitcheckError as exc:
