@@ -102,3 +102,16 @@ def test_a_grid_without_the_axis_keeps_its_committed_summary_bytes(study):
     assert all(r["shards"] == 1 for r in rows)
     assert summary_csv(rows, sharded_columns(sw.SUMMARY_COLUMNS, grid)) == committed.read_bytes()
     assert sw.table_lines(rows)[0].split(" | ")[2] != "shards"  # the axis does not vary: not shown
+
+
+@pytest.mark.parametrize("value, message", [("0", "axis shards must hold integers >= 1"),
+                                            ("1,x", "--shards must be a comma-separated list of integers")])
+def test_compare_shards_option_is_checked_before_any_cell_runs(tmp_path, capsys, value, message):
+    from pitcheck.cli import main
+
+    path = tmp_path / "grid.toml"
+    path.write_text(SHARDED.replace("shards = [1, 2]\n", ""))
+    assert main(["compare", "--config", str(path), "--shards", value, "--out", str(tmp_path / "o"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "o").exists()
