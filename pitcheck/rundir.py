@@ -64,7 +64,12 @@ METRIC_COLUMNS = [
 # the lm source's losses (nats/token) beside the interface metrics of the same step; empty for the other
 # sources. A metrics.csv of an older pitcheck has METRIC_COLUMNS alone (its lm losses are in the manifest).
 LOSS_COLUMNS = ["train_loss", "heldout_loss", "shadow_heldout_loss"]
-CSV_COLUMNS = METRIC_COLUMNS + LOSS_COLUMNS
+# a sharded run's distances from the single-process run (u) and its replicas' spread
+# (pitcheck.trajectory.shard_metrics). Written only when some row has them: an unsharded run's metrics.csv
+# keeps the bytes it had before these columns existed, so its committed results stay as they are.
+SHARD_COLUMNS = ["shard_distance_Z", "shard_distance_T", "replica_spread"]
+CSV_COLUMNS = METRIC_COLUMNS + LOSS_COLUMNS + SHARD_COLUMNS
+OPTIONAL_COLUMNS = LOSS_COLUMNS + SHARD_COLUMNS
 # beyond the new files, room the file system needs for directory entries and rounding to blocks
 FREE_SPACE_MARGIN = 1 << 20
 
@@ -441,23 +446,28 @@ def read_checkpoint(path: Path | str) -> dict:
 
 
 def csv_bytes(rows: list[dict]) -> bytes:
-    """metrics.csv: every interface metric of every row, and its losses where it has them (else empty)."""
+    """metrics.csv: every interface metric of every row, and its losses where it has them (else empty);
+    the SHARD_COLUMNS only when some row has them (then empty in a row without)."""
+    sharded = any(k in r for r in rows for k in SHARD_COLUMNS)
+    columns = CSV_COLUMNS if sharded else METRIC_COLUMNS + LOSS_COLUMNS
+    optional = OPTIONAL_COLUMNS if sharded else LOSS_COLUMNS
     out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     w.writeheader()
     for r in rows:
         cells = {k: (repr(float(r[k])) if k != "step" else int(r[k])) for k in METRIC_COLUMNS}
-        cells.update({k: repr(float(r[k])) if k in r else "" for k in LOSS_COLUMNS})
+        cells.update({k: repr(float(r[k])) if k in r else "" for k in optional})
         w.writerow(cells)
     return out.getvalue().encode()
 
 
 def read_metrics(path: Path | str, columns: list[str] | None = None) -> list[dict]:
     """Rows of a metrics.csv: a 'step' column of increasing integers, every other cell a float; an empty
-    loss cell (a source without losses) is left out of its row.
+    loss or shard cell (a source without losses, an unsharded run) is left out of its row.
 
-    With `columns`, the header must be exactly those; with CSV_COLUMNS, an older pitcheck's header
-    (METRIC_COLUMNS, no loss columns) is accepted too.
+    With `columns`, the header must be exactly those; with CSV_COLUMNS, the headers without the optional
+    columns are accepted too (an unsharded run's, without SHARD_COLUMNS; an older pitcheck's, METRIC_COLUMNS
+    alone).
     """
     path = Path(path)
     try:
@@ -468,7 +478,7 @@ def read_metrics(path: Path | str, columns: list[str] | None = None) -> list[dic
     if not reader.fieldnames or reader.fieldnames[0] != "step" or len(set(reader.fieldnames)) != len(
             reader.fieldnames):
         raise PitcheckError(f"{path} is not a metrics file: its header does not start with 'step'")
-    accepted = [columns] + ([METRIC_COLUMNS] if columns == CSV_COLUMNS else [])
+    accepted = [columns] + ([METRIC_COLUMNS + LOSS_COLUMNS, METRIC_COLUMNS] if columns == CSV_COLUMNS else [])
     if columns is not None and reader.fieldnames not in accepted:
         raise PitcheckError(f"{path} does not have pitcheck's metric columns (header {','.join(reader.fieldnames)})")
     rows, last, line = [], -1, 1
@@ -477,7 +487,7 @@ def read_metrics(path: Path | str, columns: list[str] | None = None) -> list[dic
             if None in raw or None in raw.values():
                 raise ValueError("wrong number of cells")
             row = {k: (int(v) if k == "step" else float(v)) for k, v in raw.items()
-                   if not (k in LOSS_COLUMNS and v == "")}
+                   if not (k in OPTIONAL_COLUMNS and v == "")}
             if row["step"] <= last:
                 raise ValueError(f"step {row['step']} does not follow step {last}")
             last = row["step"]

@@ -83,3 +83,49 @@ def test_bad_sharding_is_one_line_error(tmp_path, over, message):
         run(_cfg(**over), tmp_path / "r", progress=False)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "r").exists()
+
+
+# ---- metrics.csv's shard columns (rundir.SHARD_COLUMNS) --------------------------------------------------
+def test_shard_columns_are_written_and_read_back(tmp_path):
+    from pitcheck.rundir import CSV_COLUMNS, SHARD_COLUMNS, read_metrics
+
+    rows = run(_cfg(steps=3), tmp_path / "r", progress=False)
+    header = (tmp_path / "r" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert header == CSV_COLUMNS and header[-3:] == SHARD_COLUMNS
+    back = read_metrics(tmp_path / "r" / "metrics.csv", CSV_COLUMNS)
+    assert [r["shard_distance_Z"] for r in back] == [r["shard_distance_Z"] for r in rows]
+    assert all(r["replica_spread"] == 0.0 for r in back)
+
+
+def test_csv_bytes_of_unsharded_rows_has_no_shard_columns_and_an_empty_cell_where_a_row_lacks_them():
+    import tempfile
+    from pathlib import Path
+
+    from pitcheck.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS, SHARD_COLUMNS, csv_bytes, read_metrics
+
+    base = {k: 1.0 for k in METRIC_COLUMNS}
+    plain = [{**base, "step": 0}, {**base, "step": 1}]
+    text = csv_bytes(plain).decode()
+    assert text.splitlines()[0].split(",") == METRIC_COLUMNS + LOSS_COLUMNS  # no shard columns: bytes as before
+    mixed = [{**base, "step": 0}, {**base, "step": 1, **{k: 2.0 for k in SHARD_COLUMNS}}]
+    lines = csv_bytes(mixed).decode().splitlines()
+    assert lines[0].split(",") == CSV_COLUMNS and lines[1].endswith(",,,,,,") and lines[2].endswith(",2.0,2.0,2.0")
+    with tempfile.TemporaryDirectory() as d:
+        for rows, want in ((plain, [set(METRIC_COLUMNS)] * 2),
+                           (mixed, [set(METRIC_COLUMNS), set(METRIC_COLUMNS) | set(SHARD_COLUMNS)])):
+            p = Path(d) / "metrics.csv"
+            p.write_bytes(csv_bytes(rows))
+            assert [set(r) for r in read_metrics(p, CSV_COLUMNS)] == want
+
+
+def test_committed_sharded_run_directories_still_read():
+    from pathlib import Path
+
+    from pitcheck.rundir import CSV_COLUMNS, read_metrics
+
+    root = Path(__file__).resolve().parents[1] / "results" / "sharded"
+    dirs = sorted(p.parent for p in root.glob("*/metrics.csv"))
+    assert dirs
+    for d in dirs:
+        rows = read_metrics(d / "metrics.csv", CSV_COLUMNS)
+        assert all(r["replica_spread"] == 0.0 for r in rows) and rows[-1]["shard_distance_Z"] > 0

@@ -34,6 +34,8 @@ def add_compare_options(c: argparse.ArgumentParser) -> None:
                    help="override the adversary axis (comma-separated; '+' sums models, e.g. dense_output+sparse_input)")
     c.add_argument("--seeds", default=None, help="override the seed axis (comma-separated integers)")
     c.add_argument("--shapes", default=None, help="override the shape axis (comma-separated VxD)")
+    c.add_argument("--shards", default=None, help="a shards axis (comma-separated rank counts, e.g. 1,2: Z "
+                   "row-sharded over that many gloo ranks, as `pitcheck run --shards`)")
     c.add_argument("--steps", type=int, default=None, help="override the grid's steps")
     # one value for an axis, as `pitcheck run` takes them
     c.add_argument("--vocab", type=int, default=None, help="V of every cell (D: --dim or the grid's)")
@@ -71,6 +73,7 @@ def grid_from_args(args) -> Grid:
             "precision": _list(args.precisions, "--precisions"),
             "adversary": _list(args.adversaries, "--adversaries"),
             "seed": _list(args.seeds, "--seeds", int), "shape": _list(args.shapes, "--shapes"),
+            "shards": _list(getattr(args, "shards", None), "--shards", int),
             "steps": args.steps}
     for one, axis, many in (("seed", "seed", "--seeds"), ("adversary", "adversary", "--adversaries"),
                             ("optimizer", "optimizer", None), ("lr", "lr", None)):

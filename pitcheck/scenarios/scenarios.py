@@ -20,6 +20,9 @@ and what must hold over the run:
     [scenario.qr-fp32.floor.growth]                # the fitted exponent must reach at least this
     shadow_Z = 0.3
 
+A budget may judge any metric of metrics.csv, a sharded run's (shards > 1) shard_distance_Z/T and
+replica_spread too; a ceiling of 0 demands exactly 0 (replica_spread = 0: the replicas agree bit for bit).
+
 Scenario keys besides the run options: why, source, requires ("cuda": skipped without a GPU),
 require_events and forbid_events (event names of events.jsonl), adversary_params (a table).
 A scenario whose recorded steps are too few for its growth checks (MIN_GROWTH_POINTS from step 1) is
@@ -44,10 +47,9 @@ from pathlib import Path
 from ..errors import PitcheckError
 from ..gradients import AdversaryParams
 from ..heads import PIT_ONLY
-from ..rundir import METRIC_COLUMNS
+from ..rundir import METRIC_COLUMNS, SHARD_COLUMNS
 from ..stats import MIN_GROWTH_POINTS
 from ..trajectory import RunConfig, recorded_steps
-from ..trajectory.shard_metrics import SHARD_COLUMNS
 from ..heads import get_head
 
 SUITE_DIR = Path(__file__).resolve().parents[2] / "stress"  # the shipped suite, in the source tree
@@ -63,7 +65,8 @@ class StressInputError(PitcheckError):
 
 
 def _metric_names() -> list[str]:
-    return [c for c in METRIC_COLUMNS if c != "step"] + SHARD_COLUMNS
+    """What a budget may judge: every recorded metric, a sharded run's distances and replica spread too."""
+    return [c for c in METRIC_COLUMNS + SHARD_COLUMNS if c != "step"]
 
 
 def _run_fields() -> dict[str, str]:
@@ -201,9 +204,12 @@ def _load_checks(path, text, name, key, sub, metrics) -> list[Check]:
             raise StressInputError(f"{_where(path, text, base, metric)}: scenario {name!r}: {key} on unknown metric "
                                    f"{metric!r}{_suggest(metric, metrics)}")
         v = _number(limit)
-        if v is None or not (math.isfinite(v) and v > 0):
+        # a ceiling of 0 demands exactly 0 (replica_spread: the replicas agree bit for bit); a floor of 0
+        # would hold whatever the run did
+        if v is None or not (math.isfinite(v) and (v > 0 or (v == 0 and key == "budget"))):
+            zero = " (or 0: a ceiling of exactly zero)" if key == "budget" else ""
             raise StressInputError(f"{_where(path, text, base, metric)}: scenario {name!r}: {key}.{metric} must be a "
-                                   f"positive finite number, got {limit!r}")
+                                   f"positive finite number{zero}, got {limit!r}")
         checks.append(Check(metric, kind_top, v))
     return checks
 
@@ -308,7 +314,7 @@ def load_file(path: Path | str) -> list[Scenario]:
             never |= set(SHADOW_METRICS)
         if not get_head(config.head).has_retraction:
             never |= set(PIT_ONLY)
-        if config.shards <= 1:
+        if config.shards == 1:
             never |= set(SHARD_COLUMNS)
         for c in checks:
             if c.metric in never:

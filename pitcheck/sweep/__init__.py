@@ -18,6 +18,7 @@ A grid file names the axes (every combination is a cell) and the options every c
     lr = [0.01]
     head = ["pit"]              # pit; the baselines tied/untied have no retraction (one cell each)
     shape = ["256x16"]          # vocab x dim
+    shards = [1, 2]             # optional: Z row-sharded over N gloo ranks on the CPU (run --shards)
     seed = [0, 1, 2]            # cells that differ only in the seed form one summary row
 
     [fixed]                     # any other RunConfig field, e.g. cond = 10.0, device = "cuda"

@@ -27,7 +27,7 @@ COST_STEPS, COST_WARMUP = 20, 3
 class Cell:
     name: str
     config: RunConfig
-    group: tuple  # the summary row this cell belongs to (every axis but the seed)
+    group: tuple  # the summary row this cell belongs to (every axis but the seed; shards last)
 
 
 def cell_name(config) -> str:
@@ -37,8 +37,9 @@ def cell_name(config) -> str:
         d.pop(k)
     digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
     retraction = config.retraction if get_head(config.head).has_retraction else "none"
+    shards = f"-shards{config.shards}" if config.shards > 1 else ""  # an unsharded cell keeps its old name
     return (f"{config.precision}-{retraction}-{adversary_label(config.adversary)}-{config.head}-"
-            f"{config.vocab}x{config.dim}-{config.optimizer}-lr{config.lr:g}-seed{config.seed}-{digest}")
+            f"{config.vocab}x{config.dim}{shards}-{config.optimizer}-lr{config.lr:g}-seed{config.seed}-{digest}")
 
 
 
@@ -51,7 +52,7 @@ def cells(grid: Grid) -> list[Cell]:
             continue
         seen.add(name)
         group = (a["retraction"] if get_head(a["head"]).has_retraction else "-", a["precision"], a["adversary"], a["optimizer"],
-                 a["lr"], a["head"], config.vocab, config.dim)
+                 a["lr"], a["head"], config.vocab, config.dim, a["shards"])
         out.append(Cell(name, config, group))
     return out
 
@@ -89,7 +90,10 @@ def finished(out: Path, cell: Cell) -> bool:
 
 def time_steps(config, steps: int = COST_STEPS, warmup: int = COST_WARMUP) -> float:
     """Milliseconds per optimizer step of this cell's model alone (retraction included; no shadow, no
-    metrics, gradients drawn beforehand): the median over `steps` timed steps after `warmup`."""
+    metrics, gradients drawn beforehand): the median over `steps` timed steps after `warmup`. NaN for a
+    sharded cell: its ranks share this machine's cores, so their step time says nothing of a cluster's."""
+    if config.shards > 1:
+        return float("nan")
     engine = make_engine(config, config.backend, get_policy(config.precision), config.device)
     engine.initialise(*initial_state(config))
     names = parse_adversary(config.adversary)

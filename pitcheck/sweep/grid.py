@@ -15,11 +15,14 @@ from ..lm import uses_lm
 from ..trajectory import RunConfig, default_backend
 from ..heads import get_head
 
-AXES = ("retraction", "precision", "adversary", "optimizer", "lr", "head", "shape", "seed")
+AXES = ("retraction", "precision", "adversary", "optimizer", "lr", "head", "shape", "shards", "seed")
+# axes a grid holds only when its file (or an override) names them: a grid without one is the grid it was
+# before the axis existed (its grid.json, cell names and summary.csv unchanged); absent, the value is this
+OPTIONAL_AXES = {"shards": 1}
 GRID_KEYS = ("steps", "records_per_decade", "axes", "fixed", "description")
 # RunConfig fields that are axes (or derived from one), so not allowed in [fixed]
-AXIS_FIELDS = {"retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "seed", "steps",
-               "records_per_decade"}
+AXIS_FIELDS = {"retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "shards", "seed",
+               "steps", "records_per_decade"}
 # more cells than this are refused unless --max-cells says otherwise: a grid typed by mistake (10^6 cells)
 # would otherwise enumerate for minutes and start that many runs
 MAX_CELLS = 10000
@@ -84,6 +87,8 @@ def grid_from_dict(data: dict, source: str, max_cells: int = MAX_CELLS) -> Grid:
     for name in AXES:
         if name in axes_in:
             values = axes_in[name] if isinstance(axes_in[name], list) else [axes_in[name]]
+        elif name in OPTIONAL_AXES:
+            continue
         elif name == "shape":
             values = [f"{defaults.vocab}x{defaults.dim}"]
         else:
@@ -101,6 +106,10 @@ def grid_from_dict(data: dict, source: str, max_cells: int = MAX_CELLS) -> Grid:
         elif name == "seed":
             if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
                 raise PitcheckError(f"{source}: axis seed must hold integers >= 0, got {values!r}")
+        elif name == "shards":
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+                raise PitcheckError(f"{source}: axis shards must hold integers >= 1 (ranks Z is sharded over), "
+                                    f"got {values!r}")
         elif any(not isinstance(v, str) for v in values):
             raise PitcheckError(f"{source}: axis {name} must hold strings, got {values!r}")
         if len(set(values)) != len(values):
@@ -140,6 +149,11 @@ def grid_from_dict(data: dict, source: str, max_cells: int = MAX_CELLS) -> Grid:
         pass
     return grid
 
+
+
+def axis_values(grid: Grid, name: str) -> list:
+    """An axis's values; an optional axis the grid does not hold has its one default value."""
+    return grid.axes[name] if name in grid.axes else [OPTIONAL_AXES[name]]
 
 
 def cell_count(axes: dict) -> int:
@@ -199,15 +213,17 @@ def configs(grid: Grid):
         names = ", ".join(f.name for f in fields(AdversaryParams))
         raise PitcheckError(f"{grid.source}: [fixed.adversary_params] takes {names}, got "
                             f"{', '.join(sorted(params))}") from None
-    for combo in itertools.product(*(grid.axes[a] for a in AXES)):
+    for combo in itertools.product(*(axis_values(grid, a) for a in AXES)):
         a = dict(zip(AXES, combo))
         vocab, dim = parse_shape(a["shape"])
-        backend = fixed.get("backend") or default_backend(a["precision"])
+        # a sharded cell runs on torch.distributed whatever its precision (fp64 too)
+        backend = fixed.get("backend") or ("torch" if a["shards"] > 1 else default_backend(a["precision"]))
         retraction = a["retraction"] if get_head(a["head"]).has_retraction else RunConfig.retraction
         try:
             config = RunConfig(**{**fixed, "backend": backend}, precision=a["precision"], retraction=retraction,
                                adversary=adversary_spec(a["adversary"]), optimizer=a["optimizer"], lr=a["lr"],
-                               head=a["head"], vocab=vocab, dim=dim, seed=a["seed"], steps=grid.steps,
+                               head=a["head"], vocab=vocab, dim=dim, shards=a["shards"], seed=a["seed"],
+                               steps=grid.steps,
                                records_per_decade=grid.records_per_decade, adversary_params=params)
             config.validate(here=True)
         except TypeError as exc:

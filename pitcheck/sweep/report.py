@@ -17,7 +17,7 @@ from ..rundir import read_metrics, write_atomic
 from ..threads import available_cores
 from ..trajectory import versions
 from .cells import COST_STEPS, Cell, cell_dir, cells
-from .grid import Grid, parse_shape
+from .grid import Grid, axis_values, parse_shape
 from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, judge, t_instability_lines, verdict_lines
 from ..heads import get_head
 
@@ -35,10 +35,9 @@ def _fmt(x, spec=".2e") -> str:
 
 
 def table_lines(rows: list[dict]) -> list[str]:
-    multi = {k for k in ("adversary", "optimizer", "lr", "head", "vocab", "dim")
-             if len({r[k] for r in rows}) > 1}
-    keys = ["precision", "retraction"] + [k for k in ("adversary", "optimizer", "lr", "head", "vocab", "dim")
-                                          if k in multi]
+    varying = ("adversary", "optimizer", "lr", "head", "vocab", "dim", "shards")
+    multi = {k for k in varying if len({r[k] for r in rows}) > 1}
+    keys = ["precision", "retraction"] + [k for k in varying if k in multi]
     head = keys + ["final ‖ZᵀZ-I‖ (min-max)", "floor", "x floor", "growth exp.", "pinv drift",
                    "drift bound", "max cond T", "shadow Z", "ms/step", "events", "failed retr.", "breakdowns (of T)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -80,7 +79,8 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     """report.md: the verdict first, then the table, the floors and bounds, the machine, the plots."""
     rows = info["rows"]
     g = grid
-    axes = ", ".join(f"{k} {'/'.join(str(v) for v in vals)}" for k, vals in g.axes.items())
+    axes = ", ".join(f"{k} {'/'.join(str(v) for v in vals)}" for k, vals in g.axes.items()
+                     if k != "shards" or len(vals) > 1)
     lines = [
         f"# pitcheck compare: which retraction, in which precision, at what cost",
         "",
@@ -111,6 +111,10 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         f"{COST_STEPS} steps, measured in the worker while the others ran; events = skipped steps, overflows, "
         "failed retractions (threshold crossings not counted); failed retr. = steps the retraction could not "
         "take (skipped), which makes it unsafe.",
+        *(["", "shards = the gloo ranks Z is row-sharded over (`pitcheck run --shards`; 1: one process); a sharded "
+            "cell's ms/step is not measured (-): its ranks share this machine's cores. Each sharded cell's "
+            "metrics.csv holds shard_distance_Z/T, its distance from the single-process run (u)."]
+          if len(axis_values(g, "shards")) > 1 else []),
         "",
         *table_lines(rows),
         "",
@@ -196,19 +200,20 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     all_cells = cells(grid)
     data = curves(out, all_cells)
     by_key = {(r["retraction"], r["precision"], r["adversary"], r["optimizer"], r["lr"], r["head"], r["vocab"],
-               r["dim"]): r for r in rows}
+               r["dim"], r["shards"]): r for r in rows}
     # the plots show the first value of every axis but retraction, precision and adversary
-    first = {k: grid.axes[k][0] for k in ("optimizer", "lr", "head")}
+    first = {k: axis_values(grid, k)[0] for k in ("optimizer", "lr", "head", "shards")}
     shape = parse_shape(grid.axes["shape"][0])
     retractions = [r for r in grid.axes["retraction"]] if get_head(first["head"]).has_retraction else ["-"]
     precisions, adversaries = grid.axes["precision"], grid.axes["adversary"]
 
     def key(ret, prec, adv):
-        return (ret, prec, adv, first["optimizer"], first["lr"], first["head"], *shape)
+        return (ret, prec, adv, first["optimizer"], first["lr"], first["head"], *shape, first["shards"])
 
     names = []
-    fixed_note = (f"{first['optimizer']} lr={first['lr']:g}, head {first['head']}, V x D = {shape[0]} x {shape[1]}, "
-                  f"{grid.steps} steps; median over seeds, band = min-max")
+    shards = f", {first['shards']} shards" if len(axis_values(grid, "shards")) > 1 else ""
+    fixed_note = (f"{first['optimizer']} lr={first['lr']:g}, head {first['head']}, V x D = {shape[0]} x {shape[1]}"
+                  f"{shards}, {grid.steps} steps; median over seeds, band = min-max")
     # 1. error growth across precisions: one panel per retraction (rows: adversaries)
     pairs = list(itertools.product(adversaries, retractions))
     fig, axs = _panels(plt, len(pairs), 3.6, 3.0, sharey=True)

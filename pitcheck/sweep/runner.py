@@ -13,7 +13,7 @@ from ..progress import Progress
 from ..rundir import COMMIT, RUN_FILES, check_out_path, write_atomic
 from .cells import cell_dir, cells, cost_path, finished, needs_gpu, run_cell
 from .grid import Grid
-from .summary import cost_csv, summarise, summary_csv
+from .summary import COST_COLUMNS, SUMMARY_COLUMNS, sharded_columns, summarise, summary_csv
 
 
 def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | None = None,
@@ -64,8 +64,8 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         more = f" (and {len(errors) - 1} more cells)" if len(errors) > 1 else ""
         raise PitcheckError(f"cell {errors[0]['name']}: {errors[0]['error']}{more}")
     rows = summarise(out, grid, all_cells)
-    write_atomic(out / "summary.csv", summary_csv(rows))
-    write_atomic(out / "cost.csv", cost_csv(rows))
+    write_atomic(out / "summary.csv", summary_csv(rows, sharded_columns(SUMMARY_COLUMNS, grid)))
+    write_atomic(out / "cost.csv", summary_csv(rows, sharded_columns(COST_COLUMNS, grid)))
     used = min(check_workers(workers), max(1, len(todo))) if executor == "local" else (workers or "cluster's")
     timing = {"executor": executor, "workers": used, "cells": len(all_cells), "computed": len(todo),
               "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}

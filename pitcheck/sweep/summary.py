@@ -19,8 +19,10 @@ from ..stats import growth_fit
 from .cells import Cell, cell_dir, cost_path
 from .grid import Grid
 
-# a row's key: what its cells share (they differ only in the seed)
+# a row's key: what its cells share (they differ only in the seed); a grid with a shards axis adds
+# SHARDS_COLUMN after dim (sharded_columns), one without keeps the columns, and bytes, it had before
 KEY_COLUMNS = ["retraction", "precision", "adversary", "optimizer", "lr", "head", "vocab", "dim", "steps", "seeds"]
+SHARDS_COLUMN = "shards"
 # summary.csv: computed values only, so the same grid gives the same bytes whichever executor ran it
 SUMMARY_COLUMNS = KEY_COLUMNS + [
     "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
@@ -34,6 +36,14 @@ COST_COLUMNS = KEY_COLUMNS + ["ms_per_step", "ms_per_step_min", "ms_per_step_max
 # the reasons of T breakdowns in run directories written before breakdown events named their part
 T_BREAKDOWN = ("L's diagonal", "T = L L^T")
 FLOOR_SAMPLES = 3
+
+
+def sharded_columns(columns: list[str], grid: Grid) -> list[str]:
+    """The columns of summary.csv or cost.csv for this grid: with a shards axis, `shards` after `dim`."""
+    if "shards" not in grid.axes:
+        return list(columns)
+    at = columns.index("dim") + 1
+    return columns[:at] + [SHARDS_COLUMN] + columns[at:]
 
 
 def storage_floor(precision: str, vocab: int, dim: int) -> float:
@@ -81,7 +91,7 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
     floors: dict[tuple, float] = {}
     rows = []
     for group, members in groups.items():
-        retraction, precision, adversary, optimizer, lr, head, vocab, dim = group
+        retraction, precision, adversary, optimizer, lr, head, vocab, dim, shards = group
         runs, events, costs, hosts, broke, failed, broke_T = [], 0, [], set(), 0, 0, 0
         for c in members:
             runs.append(read_metrics(cell_dir(out, c) / "metrics.csv"))
@@ -106,7 +116,8 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
         bounds = [r[-1]["cond_T"] * (r[-1]["orthonormality"] + factor_u) for r in runs]
         row = {
             "retraction": retraction, "precision": precision, "adversary": adversary, "optimizer": optimizer,
-            "lr": lr, "head": head, "vocab": vocab, "dim": dim, "steps": grid.steps, "seeds": len(members),
+            "lr": lr, "head": head, "vocab": vocab, "dim": dim, "shards": shards, "steps": grid.steps,
+            "seeds": len(members),
             "final_orthonormality": median(finals),
             "final_orthonormality_min": min(finals), "final_orthonormality_max": max(finals),
             "max_orthonormality": max(x["orthonormality"] for r in runs for x in r),
@@ -142,10 +153,6 @@ def summary_csv(rows: list[dict], columns: list[str] = SUMMARY_COLUMNS) -> bytes
     return buf.getvalue().encode()
 
 
-def cost_csv(rows: list[dict]) -> bytes:
-    return summary_csv(rows, COST_COLUMNS)
-
-
 def _read_rows(path: Path) -> list[dict]:
     rows = []
     for raw in csv.DictReader(io.StringIO(path.read_text())):
@@ -153,10 +160,12 @@ def _read_rows(path: Path) -> list[dict]:
         for k, v in raw.items():
             if k in ("retraction", "precision", "adversary", "optimizer", "head", "hosts"):
                 row[k] = v
-            elif k in ("vocab", "dim", "steps", "seeds", "events", "failed_retractions", "breakdowns", "breakdowns_T"):
+            elif k in ("vocab", "dim", "shards", "steps", "seeds", "events", "failed_retractions", "breakdowns",
+                       "breakdowns_T"):
                 row[k] = int(v)
             else:
                 row[k] = float(v) if v else float("nan")
+        row.setdefault(SHARDS_COLUMN, 1)  # a summary without the column: every cell ran in one process
         rows.append(row)
     return rows
 
@@ -167,9 +176,10 @@ def read_summary(path: Path | str) -> list[dict]:
     rows = _read_rows(path)
     cost_file = path.with_name("cost.csv")
     if cost_file.is_file():
-        costs = {tuple(r[k] for k in KEY_COLUMNS): r for r in _read_rows(cost_file)}
+        key = KEY_COLUMNS + [SHARDS_COLUMN]
+        costs = {tuple(r[k] for k in key): r for r in _read_rows(cost_file)}
         for row in rows:
-            row.update(costs.get(tuple(row[k] for k in KEY_COLUMNS), {}))
+            row.update(costs.get(tuple(row[k] for k in key), {}))
     return rows
 
 

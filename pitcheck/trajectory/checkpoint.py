@@ -13,11 +13,10 @@ from .. import __version__
 from ..errors import PitcheckError
 from ..events import ends_run, malformed
 from ..metrics import EXTENDED_BITS
-from ..rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, RunDir, csv_bytes,
-                      events_bytes, manifest_bytes, npz_bytes)
+from ..rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, SHARD_COLUMNS, RunDir,
+                      csv_bytes, events_bytes, manifest_bytes, npz_bytes)
 from ..sources import STATEFUL_SOURCES, stateful_source
 from .config import RunConfig, is_int, recorded_steps
-from .shard_metrics import SHARD_COLUMNS
 from .step import Lockstep
 from .teacher import teacher_source
 
@@ -80,22 +79,10 @@ def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: l
     """One commit of the whole directory at `step`."""
     store.commit(step, {
         CHECKPOINT: npz_bytes(pair.arrays(step)),
-        METRICS: metrics_bytes(rows),
+        METRICS: csv_bytes(rows),
         EVENTS: events_bytes(events),
         MANIFEST: manifest_bytes(manifest),
     })
-
-
-def metrics_bytes(rows: list[dict]) -> bytes:
-    """metrics.csv as rundir writes it, with a sharded run's SHARD_COLUMNS after the rest (appended here
-    until rundir.csv_bytes knows them: every cell is a float repr, so no quoting is needed)."""
-    text = csv_bytes(rows)
-    if not rows or SHARD_COLUMNS[0] not in rows[0]:
-        return text
-    lines = text.decode().split("\n")
-    out = [lines[0] + "," + ",".join(SHARD_COLUMNS)]
-    out += [line + "," + ",".join(repr(float(r[k])) for k in SHARD_COLUMNS) for line, r in zip(lines[1:], rows)]
-    return ("\n".join(out) + "\n").encode()
 
 
 def config_differences(config: RunConfig, manifest: dict, ignore: tuple[str, ...], out: Path) -> list[str]:

@@ -13,7 +13,6 @@ import numpy as np
 
 from ..metrics import cholesky_conditioning
 
-SHARD_COLUMNS = ["shard_distance_Z", "shard_distance_T", "replica_spread"]
 SHARD_UNMEASURED = ("trisolve_forward", "trisolve_forward_ratio", "trisolve_backward", "trisolve_backward_ratio",
                     "penrose", "penrose_1", "penrose_2", "penrose_3", "penrose_4", "pinv_error")
 
