@@ -1,0 +1,18 @@
+#!/bin/bash
+# Full-size validate of the converted SmolLM2 module, one check per process so each gets its own time:
+#   pitcheck convert smollm2 --out conv --dtype float64
+#   bash results/smollm2/validate/validate.sh float32 [CHECK ...] [-- EXTRA OPTIONS]
+# Writes val_<dtype>_<check>.json / .txt here and appends "<check> rc=.. seconds=.." to val_<dtype>.times.
+cd "$(git rev-parse --show-toplevel)" || exit 2
+export PITCHECK_CONVERTED=${PITCHECK_CONVERTED:-conv/converted.safetensors}
+dtype=$1; shift
+checks=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do checks+=("$1"); shift; done; shift
+[ ${#checks[@]} -eq 0 ] && checks=(contract penrose reference gradients retraction checkpoint bad_input scale trajectory conditioning)
+here=results/smollm2/validate
+for c in "${checks[@]}"; do
+  s=$(date +%s.%N)
+  .venv/bin/pitcheck validate pitcheck.pretrained.factory:make_smollm2 --dtype "$dtype" --vocab 49152 --dim 576 \
+    --checks "$c" --timeout 1500 "$@" --json "$here/val_${dtype}_$c.json" > "$here/val_${dtype}_$c.txt" 2>&1
+  rc=$?; e=$(date +%s.%N)
+  echo "$c rc=$rc seconds=$(echo "$e - $s" | bc) $*" >> "$here/val_${dtype}.times"
+done
