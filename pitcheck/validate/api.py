@@ -105,6 +105,8 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
     for name in names:
         if name in run.probes:
             result.checks.append(judge(name, run.probes[name], ctx))
+        elif name in run.skipped:
+            result.checks.append(CheckResult(name, "error", reason=run.skipped[name]))
         elif name == run.failed_during:
             result.checks.append(CheckResult(name, "error", reason=run.fatal))
         elif run.fatal:

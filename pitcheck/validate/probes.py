@@ -174,6 +174,10 @@ class Harness:
         found = memory_parameter(self)
         return None if found is None else MemoryAccess(self, *found)
 
+    def retraction_start(self, memory) -> None:
+        """Where the retraction probe judges post_step from: the state the own steps left (the sharded
+        harness first moves the assembled memory onto the manifold)."""
+
     def t_side_parameters(self) -> list:
         """Parameters smaller than the memory: where T lives in every convention we know of."""
         return [p for p in self.module.parameters() if p.requires_grad and p.numel() < self.vocab * self.dim]
@@ -546,6 +550,7 @@ def probe_retraction(h: Harness, own_steps: int = 3, **_) -> Probe:
         return out
     out.facts.update({"memory": memory.name, "memory_dtype": str(memory.tensor.dtype).replace("torch.", ""),
                       "steps": list(RETRACTION_STEPS)})
+    h.retraction_start(memory)
     out.add_state("state", *h.maps())
     read, write = memory.read, memory.write
     anchors = memory.anchors()

@@ -22,26 +22,33 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return gap / size if size > 0 else gap
 
 
-def check_shards(probe: Probe, ctx: Context) -> CheckResult:
-    v = Verdicts("shards", ctx)
-    ranks = probe.facts["ranks"]
-    expected_start = 0
+def tiling_failures(ranks: list, vocab: int) -> list[tuple[str, str]]:
+    """(label, reason) for each way the ranks' {'range', 'width'} fail to tile 0..vocab in rank order."""
+    failures, expected_start = [], 0
     for rank, r in enumerate(ranks):
         start, stop = r["range"]
         label = f"rank {rank}"
-        if not 0 <= start <= stop <= ctx.vocab:
-            v.fail(label, f"vocab_range() is [{start}, {stop}), not a slice of 0..{ctx.vocab}")
+        if not 0 <= start <= stop <= vocab:
+            failures.append((label, f"vocab_range() is [{start}, {stop}), not a slice of 0..{vocab}"))
         elif start > expected_start:
-            v.fail(label, f"ids [{expected_start}, {start}) belong to no rank (rank {rank} starts at {start})")
+            failures.append((label, f"ids [{expected_start}, {start}) belong to no rank (rank {rank} starts at {start})"))
         elif start < expected_start:
-            v.fail(label, f"ids [{start}, {expected_start}) belong to rank {rank} and an earlier rank too")
+            failures.append((label, f"ids [{start}, {expected_start}) belong to rank {rank} and an earlier rank too"))
         elif r["width"] != stop - start:
-            v.fail(label, f"logits returns {r['width']} columns for the {stop - start} ids of [{start}, {stop})")
-        else:
-            v.result.details.append({"state": label, "verdict": "pass", "range": [start, stop]})
+            failures.append((label, f"logits returns {r['width']} columns for the {stop - start} ids of [{start}, {stop})"))
         expected_start = max(expected_start, stop)
-    if expected_start < ctx.vocab:
-        v.fail("tiling", f"ids [{expected_start}, {ctx.vocab}) belong to no rank: the slices do not reach V")
+    if expected_start < vocab:
+        failures.append(("tiling", f"ids [{expected_start}, {vocab}) belong to no rank: the slices do not reach V"))
+    return failures
+
+
+def check_shards(probe: Probe, ctx: Context) -> CheckResult:
+    v = Verdicts("shards", ctx)
+    failures = tiling_failures(probe.facts["ranks"], ctx.vocab)
+    for label, reason in failures:
+        v.fail(label, reason)
+    if not failures:
+        v.result.details.append({"state": "tiling", "verdict": "pass", "reason": "the slices tile 0..V"})
     if not probe.facts.get("padding_rows"):
         v.result.details.append({"state": "padding", "verdict": "pass", "reason": "no padding rows"})
         return v.done()

@@ -67,15 +67,19 @@ def contract_problem(request: dict) -> str:
     return f"{request['target']} takes no {lacking} argument: a sharded target's factory is {CONTRACT}"
 
 
-def rank_build(request: dict) -> str:
-    """Start-up on every rank: threads and seed, then the contract's signature; '' when a module was built."""
+def rank_build(request: dict) -> dict:
+    """Start-up on every rank: threads and seed, the contract's signature, then one module: {'problem':
+    the one-line reason it cannot be validated} or {'range': its vocab_range(), 'width': its logits'}."""
     if request["device"] != "cuda" and request.get("threads"):
         set_torch_threads(request["threads"])
     torch.manual_seed(request["seed"])
     problem = contract_problem(request)
-    if not problem:
-        build_harness(request)
-    return problem
+    if problem:
+        return {"problem": problem}
+    h = build_harness(request)
+    with torch.no_grad():
+        width = int(h.module.logits(h.randn(1, h.dim).to(h.dtype)).shape[-1])
+    return {"range": list(h.range), "width": width}
 
 
 def rank_check(request: dict, name: str):
