@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks
-from .checks import CheckResult, Context, Verdicts
+from .checks import CheckResult, Context, Verdicts, judge as judge_one_process
 from .probes import Probe
 
 
@@ -80,7 +79,7 @@ SHARDED_CHECKS = {"shards": check_shards, "replicas": check_replicas}
 def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
     """checks.judge, extended to the sharded checks."""
     if name not in SHARDED_CHECKS or "error" in probe.facts:
-        return checks.judge(name, probe, ctx)
+        return judge_one_process(name, probe, ctx)
     try:
         return SHARDED_CHECKS[name](probe, ctx)
     except (KeyError, ValueError, IndexError, np.linalg.LinAlgError) as exc:
