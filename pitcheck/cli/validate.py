@@ -19,7 +19,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     v.add_argument("--dim", type=int, default=api.DEFAULT_DIM)
     v.add_argument("--steps", type=int, default=api.DEFAULT_STEPS, help="trajectory steps")
     v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--checks", default="all", help=f"comma-separated subset of: {', '.join(CHECKS)}")
+    v.add_argument("--checks", default="all", help=f"comma-separated subset of: {', '.join(CHECKS)} "
+                   "(and shards, replicas with --world-size)")
+    v.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="validate a vocabulary-parallel target on N ranks (gloo on CPU, NCCL on CUDA); its factory "
+                        "takes rank= and world_size= (the shard contract)")
     v.add_argument("--timeout", type=float, default=api.DEFAULT_TIMEOUT, help="seconds for the target's process")
     v.add_argument("--json", default=None, metavar="FILE")
     v.add_argument("--report", default=None, metavar="FILE.md")
@@ -33,7 +37,8 @@ def main(args) -> int:
 
     check_outputs(args.json, args.report, args.junit)
     result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
-                      steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout)
+                      steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout,
+                      world_size=args.world_size)
     # the verdict is printed first: an output that still cannot be written loses nothing else
     print(result.table())
     print(result.summary(), file=sys.stderr if result.fatal else sys.stdout)

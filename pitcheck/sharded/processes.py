@@ -185,14 +185,15 @@ class ShardedPool:
     def alive(self) -> bool:
         return bool(self._procs)
 
-    def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
-        """fn(*args, **kwargs) on every rank; the list of results by rank. Any failure ends the pool."""
+    def run(self, fn, *args, timeout: float | None = None, label: str | None = None, **kwargs) -> list:
+        """fn(*args, **kwargs) on every rank; the list of results by rank. Any failure ends the pool, whose
+        one-line error says it happened during `label` (fn's name by default)."""
         if not self._procs:
             raise PitcheckError("the sharded pool is closed (a rank failed earlier, or close() was called)")
         payload = pickle.dumps((fn, args, kwargs))
         for conn in self._conns:
             conn.send_bytes(payload)
-        return self._gather(getattr(fn, "__name__", "task"), timeout if timeout is not None else self.timeout)
+        return self._gather(label or getattr(fn, "__name__", "task"), timeout if timeout is not None else self.timeout)
 
     def _gather(self, what: str, timeout: float) -> list:
         deadline = time.monotonic() + timeout
@@ -225,6 +226,14 @@ class ShardedPool:
                                    rank, "raised", value["traceback"])
                 else:
                     results[rank] = value
+            if pending and errors and not results and len(errors) + len(pending) == self.world_size:
+                # every rank that answered timed out waiting for the silent ones: those are stuck, no need to
+                # wait out the task's limit
+                hung = sorted(pending)
+                self._fail(f"rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} hung during {what}: "
+                           f"the other ranks timed out after {self.collective_timeout:g} s waiting for "
+                           f"{'them' if len(hung) > 1 else 'it'} in a collective (all {self.world_size} ranks "
+                           "killed)", hung[0], "hung")
         if pending:
             hung = sorted(pending)
             self._fail(f"rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} hung during {what}: "

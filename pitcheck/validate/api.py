@@ -8,9 +8,11 @@ from pathlib import Path
 
 from ..errors import PitcheckError
 from ..threads import policy_threads
-from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition, judge
+from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition
 from .isolation import TargetRun, run_isolated
 from .result import ValidationResult
+from .shard_checks import SHARDED_CHECKS, judge
+from .shard_run import check_world_size, run_sharded
 from .probes import describe_exception, load_probe
 from .dtypes import DTYPES, UNIT_ROUNDOFF
 from .target import describe_callable
@@ -19,13 +21,19 @@ from .worker import PhaseLog, collect
 DEFAULT_VOCAB, DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT = 2048, 32, 200, 300.0
 
 
-def parse_checks(checks) -> list[str]:
+def parse_checks(checks, sharded: bool = False) -> list[str]:
+    """The check names asked for (all of them for None, '' or 'all'); `shards` and `replicas` exist only
+    for a sharded target (world_size given), and come first."""
+    known = [*SHARDED_CHECKS, *CHECKS] if sharded else list(CHECKS)
     if checks is None or checks == "" or checks == "all":
-        return list(CHECKS)
+        return known
     names = [c.strip() for c in checks.split(",")] if isinstance(checks, str) else list(checks)
-    unknown = [c for c in names if c not in CHECKS]
+    only_sharded = [c for c in names if c in SHARDED_CHECKS and not sharded]
+    if only_sharded:
+        raise PitcheckError(f"check {', '.join(only_sharded)} needs a sharded target: give --world-size")
+    unknown = [c for c in names if c not in known]
     if unknown or not names:
-        raise PitcheckError(f"unknown check {', '.join(unknown) or '(none)'}; choose from {', '.join(CHECKS)}")
+        raise PitcheckError(f"unknown check {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -56,34 +64,49 @@ def check_options(dtype, device="auto", vocab=DEFAULT_VOCAB, dim=DEFAULT_DIM, st
 
 def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int = DEFAULT_VOCAB,
              dim: int = DEFAULT_DIM, steps: int = DEFAULT_STEPS, seed: int = 0, checks=None,
-             timeout: float = DEFAULT_TIMEOUT, isolate: bool = True, threads: int | None = None) -> ValidationResult:
+             timeout: float = DEFAULT_TIMEOUT, isolate: bool = True, threads: int | None = None,
+             world_size: int | None = None) -> ValidationResult:
     """Judge a PIT implementation: `target` is 'module:factory', 'path/file.py:factory' or the factory.
 
     The target runs in a child process with a time limit (isolate=True); a factory that cannot be
     imported by name (defined in __main__ or a notebook) runs in this process instead. Raises
     PitcheckError for bad options; a target that fails to import, build or run gives a result with
     `fatal` set and exit_status 2. threads: torch threads of the target's process (None: the thread
-    policy's count, pitcheck.threads).
+    policy's count, pitcheck.threads). world_size: validate a vocabulary-parallel target on that many ranks
+    (the shard contract, pitcheck.validate.sharded), with the checks `shards` and `replicas` added.
     """
-    names = parse_checks(checks)
+    sharded = world_size is not None
+    if sharded:
+        check_world_size(world_size)
+    names = parse_checks(checks, sharded)
     check_options(dtype, device, vocab, dim, steps, seed, timeout)
     factory = None
     if callable(target):
         spec = describe_callable(target)
+        if not spec and sharded:
+            raise PitcheckError(f"{getattr(target, '__qualname__', target)!r} cannot be imported by name, which "
+                                "every rank must do: give it as module:factory or path/file.py:factory")
         if not spec:
             factory, spec, isolate = target, getattr(target, "__qualname__", repr(target)), False
     else:
         spec = str(target)
+    if sharded and vocab < world_size:
+        raise PitcheckError(f"--vocab {vocab} gives some of the {world_size} ranks no vocabulary rows")
     ctx = Context(dtype, UNIT_ROUNDOFF[dtype], vocab, dim)
     request = {"target": spec, "dtype": dtype, "device": device, "vocab": vocab, "dim": dim, "steps": steps,
                "seed": seed, "checks": names, "conds": conditioning_ladder(ctx),
                "generic_cond": generic_condition(ctx), "threads": policy_threads(threads)}
     start = time.monotonic()
-    run = run_isolated(request, timeout) if isolate else _run_here(factory, request)
-    result = ValidationResult(spec, dtype, device, vocab, dim, steps, seed, fatal=run.fatal)
+    if sharded:
+        run = run_sharded(request, world_size, timeout)
+    else:
+        run = run_isolated(request, timeout) if isolate else _run_here(factory, request)
+    result = ValidationResult(spec, dtype, device, vocab, dim, steps, seed, fatal=run.fatal, world_size=world_size)
     for name in names:
         if name in run.probes:
             result.checks.append(judge(name, run.probes[name], ctx))
+        elif name in run.skipped:
+            result.checks.append(CheckResult(name, "error", reason=run.skipped[name]))
         elif name == run.failed_during:
             result.checks.append(CheckResult(name, "error", reason=run.fatal))
         elif run.fatal:

@@ -28,6 +28,7 @@ class TargetRun:
     fatal: str = ""  # why the target could not be imported, built or run to the end ('' if it could)
     failed_during: str = ""  # the check in progress when the target died, if it died in one
     seconds: float = 0.0
+    skipped: dict = field(default_factory=dict)  # check name -> why it was not run (the target still ran)
 
 
 def _phases(out: Path) -> list[str]:

@@ -138,11 +138,14 @@ class Harness:
         self.own_steps += 1
         moved = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         grads = [p.grad for p in moved]
-        total = math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads))
+        total = math.sqrt(self.squared_norm(moved, grads))
         if not math.isfinite(total):
             # reported here, not by what a non-finite step breaks later (a factorisation of NaNs)
             names = {id(p): n for n, p in self.module.named_parameters()}
-            bad = next(p for p in moved if not bool(self.torch.isfinite(p.grad).all()))
+            bad = next((p for p in moved if not bool(self.torch.isfinite(p.grad).all())), None)
+            if bad is None:  # sharded: another rank's block holds it
+                raise TargetFault(f"the target's backward gave a non-finite gradient on another rank at its own "
+                                  f"step {self.own_steps}, before the step was taken")
             value = float(bad.grad.detach().double().flatten()[~self.torch.isfinite(bad.grad.detach().double().flatten())][0])
             raise TargetFault(f"the target's backward gave a non-finite gradient ({value}) for parameter "
                               f"{names.get(id(bad), '(optimizer tensor)')} at its own step {self.own_steps}, "
@@ -152,6 +155,33 @@ class Harness:
                 g.mul_(grad_norm / total)
         self.optimizer.step()
         self.post_step()
+
+    def squared_norm(self, params, tensors) -> float:
+        """sum of ||t||_F^2 over tensors (one per parameter of params): the whole model's, in float64.
+        The sharded harness sums row blocks over the ranks and counts replicated parameters once."""
+        return sum(float(t.detach().double().pow(2).sum()) for t in tensors)
+
+    def dot(self, params, a, b) -> float:
+        """sum of <a_i, b_i> over parameters (a_i, b_i shaped like params[i]), in float64."""
+        return sum(float((x.to(self.torch.float64) * y.to(x.device, self.torch.float64)).sum()) for x, y in zip(a, b))
+
+    def random_direction(self, params, generator) -> list:
+        """A float64 direction per parameter, each scaled to 0.1 max(||p||, 1) (a gradient check's step)."""
+        torch = self.torch
+        out = []
+        for p in params:
+            d = torch.randn(p.shape, generator=generator, dtype=torch.float64)
+            out.append(d / max(float(d.norm()), 1e-300) * max(float(p.detach().double().norm()), 1.0) * 1e-1)
+        return out
+
+    def memory_access(self):
+        """A MemoryAccess to the V x D memory the optimizer moves, or None (see memory_parameter)."""
+        found = memory_parameter(self)
+        return None if found is None else MemoryAccess(self, *found)
+
+    def retraction_start(self, memory) -> None:
+        """Where the retraction probe judges post_step from: the state the own steps left (the sharded
+        harness first moves the assembled memory onto the manifold)."""
 
     def t_side_parameters(self) -> list:
         """Parameters smaller than the memory: where T lives in every convention we know of."""
@@ -340,11 +370,8 @@ def probe_conditioning(h: Harness, conds=(), **_) -> Probe:
         reached = h.drive_spectrum(cond)
         out.add_state(f"cond {cond:.0e}", *h.maps(), cond_target=cond, cond_reached=reached)
     h.module.load_state_dict(snapshot)
-    attacks = []
-    with h.torch.no_grad():
-        for name, p in h.module.named_parameters():
-            if p.requires_grad and p.numel() < h.vocab * h.dim:
-                attacks.append(name)
+    t_side = {id(p) for p in h.t_side_parameters()}
+    attacks = [name for name, p in h.module.named_parameters() if id(p) in t_side]
     out.facts["zeroed"] = []
     for name in attacks:
         h.module.load_state_dict(snapshot)
@@ -368,11 +395,8 @@ def _directional(h: Harness, loss_fn, direction) -> float:
     for p in params:
         p.grad = None
     loss_fn().backward()
-    total = 0.0
-    for p, d in zip(params, direction):
-        if p.grad is not None:
-            total += float((p.grad.to(h.torch.float64) * d.to(p.grad.device, h.torch.float64)).sum())
-    return total
+    grads = [p.grad if p.grad is not None else h.torch.zeros_like(p) for p in params]
+    return h.dot(params, grads, direction)
 
 
 def _shift(h: Harness, direction, t: float) -> None:
@@ -402,10 +426,7 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
         return loss
 
     params = [p for p in work.module.parameters() if p.requires_grad]
-    direction = []
-    for p in params:
-        d = torch.randn(p.shape, generator=g, dtype=torch.float64)
-        direction.append(d / max(float(d.norm()), 1e-300) * max(float(p.detach().double().norm()), 1.0) * 1e-1)
+    direction = work.random_direction(params, g)
     # the differences resolve no finer than the coarsest parameter they shift: a build asked for float64
     # that keeps a bfloat16 parameter rounds every shift to bfloat16
     fd_dtype = max([work.dtype] + [p.dtype for p in params if p.is_floating_point()],
@@ -433,7 +454,7 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
     fd_value = (4 * fd[steps[0]] - fd[steps[1]]) / 3
     out.facts.update({"autograd": ad, "finite_difference": fd_value, "fd_at_step": fd[steps[1]],
                       "fd_at_half_step": fd[steps[0]], "fd_step": steps[1]})
-    out.facts["loss_scale"] = float(abs(loss_of(work)()))
+    out.facts["loss_scale"] = float(abs(loss_of(work)().detach()))
     if fd_harness is not None:
         # the target in the dtype under test, at the same state, against the widest build's autograd
         h.module.load_state_dict(work.module.state_dict())
@@ -536,6 +557,30 @@ def memory_parameter(h: Harness):
     return None if best is None else best[1:]
 
 
+class MemoryAccess:
+    """The memory Z as a float64 V x D array, read from and written to the tensor that stores it (transposed
+    when it is stored D x V)."""
+
+    def __init__(self, harness: Harness, name: str, tensor, transposed: bool):
+        self.harness, self.name, self.tensor, self.transposed = harness, name, tensor, transposed
+
+    def anchors(self) -> list:
+        """Buffers holding a copy of the memory (a Cayley anchor: the point last retracted to)."""
+        torch, memory = self.harness.torch, self.tensor
+        return [b for _, b in self.harness.module.named_buffers() if b.shape == memory.shape and torch.equal(b, memory)]
+
+    def read(self) -> np.ndarray:
+        z = to_numpy(self.tensor)
+        return z.T.copy() if self.transposed else z
+
+    def write(self, z: np.ndarray, *also) -> None:
+        torch, memory = self.harness.torch, self.tensor
+        t = torch.from_numpy(z.T.copy() if self.transposed else z).to(memory.device, memory.dtype)
+        with torch.no_grad():
+            for x in (memory, *also):
+                x.copy_(t.to(x.dtype))
+
+
 def probe_retraction(h: Harness, own_steps: int = 3, **_) -> Probe:
     """post_step as a retraction R of the stored memory Z (V x D), at a state after a few own steps:
     R(Z, 0) (post_step with no move); R(Z Q, 0) at another point of the manifold (Q a random orthogonal
@@ -551,24 +596,15 @@ def probe_retraction(h: Harness, own_steps: int = 3, **_) -> Probe:
         return out
     for _ in range(own_steps):
         h.own_step(h.random_loss())
-    found = memory_parameter(h)
-    if found is None:
+    memory = h.memory_access()
+    if memory is None:
         return out
-    name, memory, transposed = found
-    out.facts.update({"memory": name, "memory_dtype": str(memory.dtype).replace("torch.", ""),
+    out.facts.update({"memory": memory.name, "memory_dtype": str(memory.tensor.dtype).replace("torch.", ""),
                       "steps": list(RETRACTION_STEPS)})
+    h.retraction_start(memory)
     out.add_state("state", *h.maps())
-    anchors = [b for _, b in h.module.named_buffers() if b.shape == memory.shape and torch.equal(b, memory)]
-
-    def read():
-        z = to_numpy(memory)
-        return z.T.copy() if transposed else z
-
-    def write(z: np.ndarray, *also):
-        t = torch.from_numpy(z.T.copy() if transposed else z).to(memory.device, memory.dtype)
-        with torch.no_grad():
-            for x in (memory, *also):
-                x.copy_(t.to(x.dtype))
+    read, write = memory.read, memory.write
+    anchors = memory.anchors()
 
     snapshot = {k: v.detach().clone() for k, v in h.module.state_dict().items()}
     Z = read()

@@ -12,6 +12,7 @@ import pytest
 from ..errors import PitcheckError
 from .api import DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_VOCAB, check_options, parse_checks, validate
 from .dtypes import DTYPES
+from .shard_run import check_world_size
 
 
 def pytest_addoption(parser) -> None:
@@ -27,6 +28,8 @@ def pytest_addoption(parser) -> None:
     group.addoption("--pitcheck-dim", type=int, default=DEFAULT_DIM)
     group.addoption("--pitcheck-steps", type=int, default=DEFAULT_STEPS)
     group.addoption("--pitcheck-timeout", type=float, default=DEFAULT_TIMEOUT)
+    group.addoption("--pitcheck-world-size", type=int, default=None, metavar="N",
+                    help="validate a vocabulary-parallel target on N ranks (the shard contract; adds shards, replicas)")
 
 
 def read_xfails(path: str | None) -> dict[str, str]:
@@ -61,7 +64,7 @@ class ValidationCache:
             opt = self.config.getoption
             self.results[key] = validate(target, dtype, vocab=opt("pitcheck_vocab"), dim=opt("pitcheck_dim"),
                                          steps=opt("pitcheck_steps"), timeout=opt("pitcheck_timeout"),
-                                         checks=opt("pitcheck_checks"))
+                                         checks=opt("pitcheck_checks"), world_size=opt("pitcheck_world_size"))
         return self.results[key]
 
 
@@ -112,7 +115,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     targets = list(dict.fromkeys(targets))
     dtypes = list(dict.fromkeys(d.strip() for d in opt("pitcheck_dtype").split(",") if d.strip()))
     try:
-        checks = parse_checks(opt("pitcheck_checks"))
+        world_size = opt("pitcheck_world_size")
+        if world_size is not None:
+            check_world_size(world_size)
+        checks = parse_checks(opt("pitcheck_checks"), sharded=world_size is not None)
         if not dtypes:
             raise ValueError("--pitcheck-dtype names no dtype")
         for dtype in dtypes:

@@ -25,6 +25,7 @@ class ValidationResult:
     checks: list[CheckResult] = field(default_factory=list)
     fatal: str = ""  # the target could not be imported, built or run: exit 2
     seconds: float = 0.0
+    world_size: int | None = None  # the ranks of a sharded target (None: one process)
 
     @property
     def exit_status(self) -> int:
@@ -44,7 +45,8 @@ class ValidationResult:
 
     def summary(self) -> str:
         counts = {v: sum(c.verdict == v for c in self.checks) for v in ("pass", "fail", "inconclusive", "error")}
-        head = f"{self.target} [{self.dtype}, V={self.vocab}, D={self.dim}]: "
+        ranks = f", {self.world_size} ranks" if self.world_size is not None else ""
+        head = f"{self.target} [{self.dtype}, V={self.vocab}, D={self.dim}{ranks}]: "
         if self.fatal:
             return head + f"target error: {self.fatal}"
         text = f"{counts['fail'] + counts['error']} of {len(self.checks)} checks failed"
@@ -54,7 +56,7 @@ class ValidationResult:
     def to_json(self) -> dict:
         return {
             "target": self.target, "dtype": self.dtype, "device": self.device, "vocab": self.vocab,
-            "dim": self.dim, "steps": self.steps, "seed": self.seed,
+            "dim": self.dim, "steps": self.steps, "seed": self.seed, "world_size": self.world_size,
             "exit_status": self.exit_status, "fatal": self.fatal, "seconds": round(self.seconds, 3),
             "summary": self.summary(), "checks": [c.to_json() for c in self.checks],
         }

@@ -61,22 +61,30 @@ def collect(factory, request: dict, out: Path, log) -> None:
         log(f"check {name}")
         try:
             h = harness()
-            extra = {"generic_cond": request["generic_cond"]}
-            if name == "gradients":
-                # finite differences resolve a derivative in fp32 and fp64, not in half precision
-                extra["fd_harness"] = widest(half_only=True)
-            elif name == "trajectory":
-                extra["steps"] = request["steps"]
-                extra["shadow"] = widest()
-            elif name == "checkpoint":
-                extra["fresh"] = harness(sd=seed + 1)
-            elif name == "conditioning":
-                extra["conds"] = request["conds"]
-            probe = PROBES[name](h, **extra)
+            probe = PROBES[name](h, **probe_arguments(name, request, harness, widest))
         except Exception as exc:
             probe = Probe(facts=blame(exc, harness))
         save_probe(out / f"{name}.npz", probe)
         log(f"done {name}")
+
+
+def probe_arguments(name: str, request: dict, harness, widest) -> dict:
+    """The keyword arguments of check `name`'s probe beyond the harness: `harness(sd=...)` builds another
+    instance of the target, `widest(half_only=...)` the float64 one (None when there is none)."""
+    extra = {"generic_cond": request["generic_cond"]}
+    if name == "gradients":
+        # finite differences resolve a derivative in fp32 and fp64, not in half precision
+        extra["fd_harness"] = widest(half_only=True)
+    elif name == "trajectory":
+        extra["steps"] = request["steps"]
+        extra["shadow"] = widest()
+    elif name == "checkpoint":
+        extra["fresh"] = harness(sd=request["seed"] + 1)
+    elif name == "conditioning":
+        extra["conds"] = request["conds"]
+    elif name == "replicas":
+        extra["steps"] = request["steps"]
+    return extra
 
 
 def _as_dirs(paths) -> tuple[str, ...]:

@@ -1,0 +1,86 @@
+"""Judging the two checks only a sharded target has, in float64 in the validator's process (as checks.py
+judges the others, in the same units).
+
+- `shards`: the ranks' vocabulary ranges tile 0..V exactly once, in rank order, and each rank's logits
+  slice is as wide as its range; padding rows of the memory, if any, are invisible: the maps and a
+  post_step are the same with the padding as stored and with it zeroed (zero rows add nothing to a Gram).
+- `replicas`: the embeddings and every replicated parameter agree across ranks through training. The
+  measured spread is relative to the tensor's size; a correct module shows exactly 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .checks import CheckResult, Context, Verdicts, judge as judge_one_process
+from .probes import Probe
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    size = float(np.linalg.norm(b))
+    gap = float(np.linalg.norm(a - b)) if a.shape == b.shape else np.inf
+    return gap / size if size > 0 else gap
+
+
+def tiling_failures(ranks: list, vocab: int) -> list[tuple[str, str]]:
+    """(label, reason) for each way the ranks' {'range', 'width'} fail to tile 0..vocab in rank order."""
+    failures, expected_start = [], 0
+    for rank, r in enumerate(ranks):
+        start, stop = r["range"]
+        label = f"rank {rank}"
+        if not 0 <= start <= stop <= vocab:
+            failures.append((label, f"vocab_range() is [{start}, {stop}), not a slice of 0..{vocab}"))
+        elif start > expected_start:
+            failures.append((label, f"ids [{expected_start}, {start}) belong to no rank (rank {rank} starts at {start})"))
+        elif start < expected_start:
+            failures.append((label, f"ids [{start}, {expected_start}) belong to rank {rank} and an earlier rank too"))
+        elif r["width"] != stop - start:
+            failures.append((label, f"logits returns {r['width']} columns for the {stop - start} ids of [{start}, {stop})"))
+        expected_start = max(expected_start, stop)
+    if expected_start < vocab:
+        failures.append(("tiling", f"ids [{expected_start}, {vocab}) belong to no rank: the slices do not reach V"))
+    return failures
+
+
+def check_shards(probe: Probe, ctx: Context) -> CheckResult:
+    v = Verdicts("shards", ctx)
+    failures = tiling_failures(probe.facts["ranks"], ctx.vocab)
+    for label, reason in failures:
+        v.fail(label, reason)
+    if not failures:
+        v.result.details.append({"state": "tiling", "verdict": "pass", "reason": "the slices tile 0..V"})
+    if not probe.facts.get("padding_rows"):
+        v.result.details.append({"state": "padding", "verdict": "pass", "reason": "no padding rows"})
+        return v.done()
+    for name, what in (("E", "embedding"), ("W", "head")):
+        v.ratio(f"{what} with padding zeroed", _relative(probe.arrays[f"{name}:zeroed"], probe.arrays[f"{name}:as stored"]),
+                ctx.unit(), f"relative change of the {what} when the padding rows are zeroed")
+    v.ratio("post_step with padding zeroed", _relative(probe.arrays["R:zeroed"], probe.arrays["R:as stored"]),
+            ctx.unit(), f"relative change of the real rows after post_step when the {probe.facts['padding_rows']} "
+                        f"padding rows (norm {probe.facts['padding_norm']:.3g}) are zeroed")
+    return v.done()
+
+
+def check_replicas(probe: Probe, ctx: Context) -> CheckResult:
+    v = Verdicts("replicas", ctx)
+    if not probe.facts["replicated"]:
+        v.result.details.append({"state": "parameters", "verdict": "pass",
+                                 "reason": "no replicated parameter (only the embeddings are compared)"})
+    for state in probe.facts["states"]:
+        spreads = state["spread"]
+        worst = max(spreads, key=lambda k: spreads[k] if np.isfinite(spreads[k]) else np.inf)
+        v.ratio(state["label"], float(spreads[worst]), ctx.unit(),
+                f"spread across ranks of {worst} (max_r ||x_r - x_0||_F / ||x_0||_F)", tensor=worst)
+    return v.done()
+
+
+SHARDED_CHECKS = {"shards": check_shards, "replicas": check_replicas}
+
+
+def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
+    """checks.judge, extended to the sharded checks."""
+    if name not in SHARDED_CHECKS or "error" in probe.facts:
+        return judge_one_process(name, probe, ctx)
+    try:
+        return SHARDED_CHECKS[name](probe, ctx)
+    except (KeyError, ValueError, IndexError, np.linalg.LinAlgError) as exc:
+        return CheckResult(name, "fail", reason=f"could not judge what the target returned: {type(exc).__name__}: {exc}")
