@@ -30,8 +30,8 @@ PLANTED = [
     (M, "cond_T * u <= 0.1 and", "cond_T * u <= 1.0 and",
      T + "test_precision_cannot_resolve_threshold_is_cond_u_at_one_tenth"),
     # the policy's u from the storage format only
-    ("pitcheck/policy.py", "return max(FORMATS[self.storage].u, FORMATS[self.matmul].u)",
-     "return FORMATS[self.storage].u",
+    ("pitcheck/policy.py", "return max(FORMATS[self.storage].u, FORMATS[self.matmul].u, placed)",
+     "return max(FORMATS[self.storage].u, placed)",
      "tests/test_policy.py::test_policy_u_is_the_coarsest_of_storage_and_matmul"),
     # the sign of the softplus inverse
     ("pitcheck/reference.py", "return y + np.log(-np.expm1(-y))", "return y - np.log(-np.expm1(-y))",
