@@ -207,6 +207,8 @@ def test_zoo_has_the_expected_members():
 @pytest.mark.parametrize("name", [n for n in ZOO if n not in SKIP and not n.startswith("hf_")])
 def test_zoo_factory_builds(name):
     # hf_* return Hugging Face models (no embed/logits): tests/test_validate.py covers the adapter
+    if name == "broken_mx_storage":
+        pytest.importorskip("torchao", reason="torchao (the MX reference) is not installed")
     mod = importlib.import_module(f"tests.zoo.{name}")
     assert mod.__doc__ and mod.__doc__.strip()
     m = mod.make(64, 8, dtype=torch.float32, device="cpu", seed=0)

@@ -337,3 +337,24 @@ def test_pytest_plugin_is_inert_without_the_option():
                            "tests/test_validate_checks.py"], capture_output=True, text=True, timeout=120)
     assert "no tests collected" in proc.stdout or "deselected" in proc.stdout
     assert "pitcheck[" not in proc.stdout
+
+
+# ---- 8- and 4-bit storage (issue 19) ------------------------------------------------------------------
+
+def test_a_block_scaled_wrapper_reporting_float32_fails_the_contract():
+    """torchao's MXTensor says dtype float32 while it holds E4M3 elements: the contract looks inside."""
+    pytest.importorskip("torchao", reason="torchao (the MX reference) is not installed")
+    result = run_zoo("broken_mx_storage", "float32", checks=["contract"])
+    assert result.failed() == ["contract"], result.table()
+    assert "float8_e4m3fn elements inside a MXTensor reporting float32" in result.by_name()["contract"].reason
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2"])
+def test_validating_in_an_8_or_4_bit_dtype_is_refused_with_the_reason(dtype, capsys):
+    from pitcheck.errors import PitcheckError
+
+    with pytest.raises(PitcheckError, match=r"16 u\) larger than 0.1"):
+        validate("tests.zoo.correct_cayley:make", dtype, **SMALL)
+    assert main(["validate", "tests.zoo.correct_cayley:make", "--dtype", dtype]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"validate does not run in {dtype}" in err

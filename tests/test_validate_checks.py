@@ -1467,3 +1467,38 @@ def test_validator_dtype_tables(dtype, u, width, narrower):
     assert dtypes.UNIT_ROUNDOFF[dtype] == u and dtypes.WIDTH[dtype] == width and dtypes.NARROWER[dtype] == narrower
     assert dtypes.DTYPES == ("float64", "float32", "bfloat16", "float16")
     assert dtypes.HALF == ("bfloat16", "float16") and dtypes.FP32_U == 2.0**-24
+
+
+def test_contract_knows_8_and_4_bit_storage_and_block_scaled_wrappers():
+    """float8/float4 tensors are narrower than every validated dtype; a wrapper (torchao's MXTensor) is
+    judged by the elements it holds, not the dtype it reports; E8M0 scales alone hold no values."""
+    E, W = maps()
+    E, W = E + 1e-3 / 3, W + 1e-3 / 3
+    facts = {"embed": {"shape": [2, 3, D], "dtype": "float32"}, "logits": {"shape": [2, 3, V], "dtype": "float32"}}
+    cases = [({"dtype": "float8_e4m3fn"}, "parameter Z is stored in float8_e4m3fn, narrower than float32"),
+             ({"dtype": "float8_e5m2fnuz"}, "parameter Z is stored in float8_e5m2fnuz, narrower than float32"),
+             ({"dtype": "float32", "stored": "float4_e2m1fn_x2", "wrapper": "MXTensor"},
+              "parameter Z is stored in float4_e2m1fn_x2 elements inside a MXTensor reporting float32, narrower "
+              "than float32"),
+             ({"dtype": "float8_e8m0fnu"}, None), ({"dtype": "float32"}, None)]
+    for tensor, reason in cases:
+        p = probe_of(("init", (E, W)), **facts, tensors=[{"name": "Z", "kind": "parameter", **tensor}])
+        r = checks.check_contract(p, FP32)
+        assert r.verdict == ("fail" if reason else "pass"), (tensor, r.reason)
+        if reason:
+            assert r.reason == f"Z: {reason}"
+
+
+def test_wrapped_storage_reads_inner_tensors_and_metadata_dtypes():
+    torch = pytest.importorskip("torch")
+    from pitcheck.validate.probes import _wrapped_storage
+
+    assert _wrapped_storage(torch.zeros(3)) == {} and _wrapped_storage(torch.nn.Parameter(torch.zeros(3))) == {}
+    torchao = pytest.importorskip("torchao", reason="torchao (the MX reference) is not installed")  # noqa: F841
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+
+    mx = MXTensor.to_mx(torch.randn(4, 64), torch.float8_e5m2, 32)
+    assert mx.dtype == torch.float32 and _wrapped_storage(mx) == {"stored": "float8_e5m2", "wrapper": "MXTensor"}
+    # packed FP4: the elements are uint8 bytes, their type only in the wrapper's metadata
+    fp4 = MXTensor.to_mx(torch.randn(4, 64), torch.float4_e2m1fn_x2, 32)
+    assert _wrapped_storage(fp4) == {"stored": "float4_e2m1fn_x2", "wrapper": "MXTensor"}

@@ -13,7 +13,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="judge a third-party PIT implementation (module:factory) against the reference")
     v.add_argument("target", help="module:factory or path/to/file.py:factory")
-    v.add_argument("--dtype", default="float32", choices=DTYPES)
+    v.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     v.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     v.add_argument("--vocab", type=int, default=api.DEFAULT_VOCAB)
     v.add_argument("--dim", type=int, default=api.DEFAULT_DIM)

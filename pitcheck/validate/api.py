@@ -14,7 +14,7 @@ from .result import ValidationResult
 from .shard_checks import SHARDED_CHECKS, judge
 from .shard_run import check_world_size, run_sharded
 from .probes import describe_exception, load_probe
-from .dtypes import DTYPES, UNIT_ROUNDOFF
+from .dtypes import DTYPES, UNIT_ROUNDOFF, narrow_dtype_refusal
 from .target import describe_callable
 from .worker import PhaseLog, collect
 
@@ -41,7 +41,7 @@ def check_options(dtype, device="auto", vocab=DEFAULT_VOCAB, dim=DEFAULT_DIM, st
                   timeout=DEFAULT_TIMEOUT) -> None:
     """Raise PitcheckError with a one-line reason for options that cannot make a validation."""
     if dtype not in DTYPES:
-        raise PitcheckError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        raise PitcheckError(narrow_dtype_refusal(dtype) or f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if device not in ("auto", "cpu", "cuda"):
         raise PitcheckError(f"unknown device {device!r}; choose auto, cpu or cuda")
     for name, value, low in (("vocab", vocab, 2), ("dim", dim, 1), ("steps", steps, 0), ("seed", seed, 0)):

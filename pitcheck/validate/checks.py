@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import metrics, reference
 from ..metrics import condition_number
-from .dtypes import FP32_U, NARROWER, UNIT_ROUNDOFF, WIDTH
+from .dtypes import FP32_U, NARROWER, UNIT_ROUNDOFF, WIDTH, element_bits
 from .probes import Probe
 
 # Correct implementations in five conventions measure ratios of 0.1 to 8 (closing note of issue 6);
@@ -194,8 +194,12 @@ def check_contract(probe: Probe, ctx: Context) -> CheckResult:
         if got["dtype"] != ctx.dtype:
             v.fail(what, f"{what} returned {got['dtype']} when {ctx.dtype} was asked for")
     for t in probe.facts["tensors"]:
-        if t["dtype"] in WIDTH and WIDTH[t["dtype"]] < WIDTH[ctx.dtype]:
-            v.fail(t["name"], f"{t['kind']} {t['name']} is stored in {t['dtype']}, narrower than {ctx.dtype}")
+        # a block-scaled wrapper (torchao's MXTensor) reports the dtype it stands for: judge what it holds
+        stored = t.get("stored", t["dtype"])
+        bits = element_bits(stored)
+        if bits is not None and bits < WIDTH[ctx.dtype]:
+            held = f"{stored} elements inside a {t['wrapper']} reporting {t['dtype']}" if "wrapper" in t else stored
+            v.fail(t["name"], f"{t['kind']} {t['name']} is stored in {held}, narrower than {ctx.dtype}")
     # values computed in a narrower format and cast up are all exactly representable in it; values
     # genuinely computed in the asked format almost never are (a fraction of about 2^-(p - p_narrow)).
     # Judged on computed values only: at initialisation the maps may be stored values (T = I: E = Z), and

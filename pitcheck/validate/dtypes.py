@@ -2,6 +2,7 @@
 all read off pitcheck.formats (one dtype vocabulary for the whole package)."""
 from __future__ import annotations
 
+from ..errors import PitcheckError
 from ..formats import format_of_dtype, validator_dtypes
 
 DTYPES = validator_dtypes()  # float64, float32, bfloat16, float16
@@ -23,3 +24,29 @@ def _narrower(name: str) -> tuple[str, ...]:
 
 
 NARROWER = {name: _narrower(name) for name in DTYPES}
+
+# the narrow element dtypes torch names beyond pitcheck.formats' (the fnuz variants: one NaN, no -0;
+# E2M1 packed two to a byte); E8M0 (float8_e8m0fnu) holds scales, not values, and has no entry
+_NARROW_ELEMENT_BITS = {"float8_e4m3fnuz": 4, "float8_e5m2fnuz": 3, "float4_e2m1fn_x2": 2}
+
+
+def element_bits(dtype_name: str) -> int | None:
+    """Significand bits p of the values a torch dtype holds, the 8- and 4-bit element types included; None
+    for a dtype that holds no floating values of its own (integers, E8M0 scales)."""
+    if dtype_name in _NARROW_ELEMENT_BITS:
+        return _NARROW_ELEMENT_BITS[dtype_name]
+    try:
+        return format_of_dtype(dtype_name).p
+    except PitcheckError:
+        return None
+
+
+def narrow_dtype_refusal(dtype_name: str) -> str | None:
+    """Why validating in an 8- or 4-bit dtype is refused (None for any other name)."""
+    bits = element_bits(dtype_name)
+    if bits is None or bits >= WIDTH["bfloat16"] or dtype_name in DTYPES:
+        return None
+    return (f"validate does not run in {dtype_name}: its u = 2^-{bits} makes every check's bound (16 u) larger than "
+            "0.1, where no check can tell right from wrong; validate in the dtype of the module's masters "
+            f"({', '.join(DTYPES)}): the contract check fails any tensor stored in an 8- or 4-bit format, "
+            "block-scaled wrappers included")

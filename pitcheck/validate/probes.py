@@ -20,6 +20,7 @@ import numpy as np
 
 from ..gradients import AdversaryParams
 from ..metrics import condition_number
+from .dtypes import element_bits
 
 # optimizer for the default target contract: plain SGD at this rate
 DEFAULT_LR = 1e-2
@@ -295,6 +296,32 @@ def gradient_path_breach(h: Harness) -> str:
     return ""
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _wrapped_storage(t) -> dict:
+    """For a tensor subclass that stores its values in other tensors (torchao's MXTensor and Float8Tensor
+    report the dtype they stand for, float32 say, while holding float8 elements and scales), the
+    narrowest element dtype inside it: of its inner tensors (__tensor_flatten__) and of the dtypes in its
+    metadata (a packed FP4 element type lives there). {} for a plain tensor or one with nothing narrower."""
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if flatten is None or type(t) in (_torch().Tensor, _torch().nn.Parameter):
+        return {}
+    try:
+        names, meta = t.__tensor_flatten__()
+    except Exception:  # a subclass that cannot say what it holds: judged by its dtype alone
+        return {}
+    dtype_type = type(_torch().float32)
+    inner = [getattr(t, n).dtype for n in names if hasattr(getattr(t, n, None), "dtype")]
+    inner += [v for v in (meta or {}).values() if isinstance(v, dtype_type)] if isinstance(meta, dict) else []
+    bits = [(element_bits(_dtype_name(d)), _dtype_name(d)) for d in inner]
+    bits = [b for b in bits if b[0] is not None]
+    if not bits:
+        return {}
+    return {"stored": min(bits)[1], "wrapper": type(t).__name__}
+
+
 def to_numpy(x) -> np.ndarray:
     return x.detach().to(device="cpu", dtype=_torch().float64).numpy().copy()
 
@@ -311,7 +338,7 @@ def probe_contract(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
     out.facts["embed"] = {"shape": list(e.shape), "dtype": str(e.dtype).replace("torch.", "")}
     out.facts["logits"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", "")}
     out.facts["tensors"] = [
-        {"name": name, "dtype": str(t.dtype).replace("torch.", ""), "kind": kind}
+        {"name": name, "dtype": _dtype_name(t.dtype), "kind": kind, **_wrapped_storage(t)}
         for kind, items in (("parameter", h.module.named_parameters()), ("buffer", h.module.named_buffers()))
         for name, t in items
         if t.is_floating_point()

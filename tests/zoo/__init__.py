@@ -12,6 +12,7 @@ CAUGHT_BY = {
     "broken_no_retraction": "trajectory",
     "broken_stale_cache": "trajectory",
     "broken_bf16_storage": "contract",
+    "broken_fp8_storage": "contract",  # a float8 buffer the maps compute with
     "broken_fp32_solves": "contract",  # under a float64 request; in float32 it is correct
     "broken_unconstrained_diag": "conditioning",
     "broken_pinv_head": "conditioning",
