@@ -54,6 +54,24 @@ def test_each_sharding_bug_fails_with_its_check(module, checks, failing):
         assert result.by_name()["penrose"].reason.startswith("not run:")
 
 
+@pytest.mark.parametrize("module,words", [("copy_padding", "V=61: post_step with padding zeroed"),
+                                          ("floor_slices", "V=61: tiling: ids [60, 61) belong to no rank")])
+def test_layout_bugs_that_an_even_vocabulary_hides_fail_at_the_prime_one(module, words):
+    """At V = 64 on 2 ranks the slices divide evenly and nothing is padded: `shards` also builds the target
+    at the largest prime V <= 64 (61), where each bug shows; the reference passes both."""
+    small = {**TINY, "vocab": 64}
+    result = validate(f"tests.sharded_zoo.{module}:make", world_size=2, checks="shards", **small)
+    assert result.failed() == ["shards"] and words in result.by_name()["shards"].reason, result.table()
+    assert validate(REFERENCE, world_size=2, checks="shards", **small).ok
+
+
+def test_the_prime_vocabulary_of_the_layout_check():
+    from pitcheck.validate.shard_probes import uneven_vocab
+
+    assert [uneven_vocab(v, 2) for v in (2048, 67, 64, 3, 2)] == [2039, 67, 61, 3, 2]
+    assert uneven_vocab(7, 7) == 7 and uneven_vocab(12, 4) == 11
+
+
 @pytest.mark.parametrize("factory,words", [("make_raising", "rank 1 raised ValueError during check penrose"),
                                            ("make_hanging", "rank 1 hung during check penrose"),
                                            ("make_dying", "rank 1 died during check penrose (exit status 7)")])

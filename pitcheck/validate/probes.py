@@ -220,7 +220,7 @@ class Harness:
             self.post_step()
             new_log_t = self.log_spectrum()
             new_loss = None if new_log_t is None else ((new_log_t - target) ** 2).sum()
-            if new_loss is not None and float(new_loss) <= DRIVE_REJECT * float(loss):
+            if new_loss is not None and float(new_loss.detach()) <= DRIVE_REJECT * float(loss.detach()):
                 log_t, loss = new_log_t, new_loss
                 self.set_rate(opt, min(DRIVE_LR, DRIVE_GROW * opt.param_groups[0]["lr"]))
                 continue

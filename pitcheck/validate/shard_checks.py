@@ -42,22 +42,32 @@ def tiling_failures(ranks: list, vocab: int) -> list[tuple[str, str]]:
 
 
 def check_shards(probe: Probe, ctx: Context) -> CheckResult:
+    """The slices and padding at the asked V and, where pitcheck built the target at a prime V as well
+    (probe.facts['uneven']), there too."""
     v = Verdicts("shards", ctx)
-    failures = tiling_failures(probe.facts["ranks"], ctx.vocab)
-    for label, reason in failures:
-        v.fail(label, reason)
-    if not failures:
-        v.result.details.append({"state": "tiling", "verdict": "pass", "reason": "the slices tile 0..V"})
-    if not probe.facts.get("padding_rows"):
-        v.result.details.append({"state": "padding", "verdict": "pass", "reason": "no padding rows"})
-        return v.done()
-    for name, what in (("E", "embedding"), ("W", "head")):
-        v.ratio(f"{what} with padding zeroed", _relative(probe.arrays[f"{name}:zeroed"], probe.arrays[f"{name}:as stored"]),
-                ctx.unit(), f"relative change of the {what} when the padding rows are zeroed")
-    v.ratio("post_step with padding zeroed", _relative(probe.arrays["R:zeroed"], probe.arrays["R:as stored"]),
-            ctx.unit(), f"relative change of the real rows after post_step when the {probe.facts['padding_rows']} "
-                        f"padding rows (norm {probe.facts['padding_norm']:.3g}) are zeroed")
+    _judge_layout(v, probe.facts, probe.arrays, ctx.vocab, "", ctx)
+    uneven = probe.facts.get("uneven")
+    if uneven:
+        arrays = {key[len("uneven/"):]: a for key, a in probe.arrays.items() if key.startswith("uneven/")}
+        _judge_layout(v, uneven, arrays, uneven["vocab"], f"V={uneven['vocab']}: ", ctx)
     return v.done()
+
+
+def _judge_layout(v: Verdicts, facts: dict, arrays: dict, vocab: int, prefix: str, ctx: Context) -> None:
+    failures = tiling_failures(facts["ranks"], vocab)
+    for label, reason in failures:
+        v.fail(prefix + label, reason)
+    if not failures:
+        v.result.details.append({"state": prefix + "tiling", "verdict": "pass", "reason": f"the slices tile 0..{vocab}"})
+    if not facts.get("padding_rows"):
+        v.result.details.append({"state": prefix + "padding", "verdict": "pass", "reason": "no padding rows"})
+        return
+    for name, what in (("E", "embedding"), ("W", "head")):
+        v.ratio(f"{prefix}{what} with padding zeroed", _relative(arrays[f"{name}:zeroed"], arrays[f"{name}:as stored"]),
+                ctx.unit(), f"relative change of the {what} when the padding rows are zeroed")
+    v.ratio(f"{prefix}post_step with padding zeroed", _relative(arrays["R:zeroed"], arrays["R:as stored"]),
+            ctx.unit(), f"relative change of the real rows after post_step when the {facts['padding_rows']} "
+                        f"padding rows (norm {facts['padding_norm']:.3g}) are zeroed")
 
 
 def check_replicas(probe: Probe, ctx: Context) -> CheckResult:

@@ -8,6 +8,7 @@ that rank (pitcheck.sharded.ShardedPool) instead of leaving its peers waiting in
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 import torch
@@ -96,7 +97,22 @@ def rank_check(request: dict, name: str):
         return harness("float64")  # every rank builds it, or none: a failure is the rank's error
 
     probe = SHARD_PROBES.get(name, PROBES.get(name))(harness(), **probe_arguments(name, request, harness, widest))
+    uneven = uneven_vocab(request["vocab"], dist.get_world_size())
+    if name == "shards" and uneven != request["vocab"]:
+        # slicing and padding bugs hide at a V that every layout divides (2048 on 2 ranks): judge a prime V too
+        other = probe_shards(build_harness({**request, "vocab": uneven}))
+        probe.facts["uneven"] = {"vocab": uneven, **other.facts}
+        probe.arrays.update({f"uneven/{key}": array for key, array in other.arrays.items()})
     return probe if dist.get_rank() == 0 else None
+
+
+def uneven_vocab(vocab: int, world_size: int) -> int:
+    """The largest prime <= vocab above world_size (no number of ranks or padding multiple divides it), or
+    vocab itself when there is none or it is prime."""
+    for candidate in range(vocab, world_size, -1):
+        if candidate > 1 and all(candidate % d for d in range(2, math.isqrt(candidate) + 1)):
+            return candidate
+    return vocab
 
 
 # ---- the probes of the sharded checks ---------------------------------------------------------------------
