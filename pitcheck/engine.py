@@ -176,8 +176,10 @@ class Engine:
         admitted, events = self._admit(grads)
         if admitted is None:
             return events
-        admitted = {k: self.arrays.to(g, self.policy.factor)
-                    for k, g in self.quantisers.gradients(admitted, step_index).items()}
+        placed = self.policy.placement
+        if placed and placed.gradients:  # in the placement's format, rounded stochastically where it says
+            admitted = {k: self.arrays.to(g, self.policy.factor)
+                        for k, g in self.quantisers.gradients(admitted, step_index).items()}
         point = {k: self.arrays.to(v, self.policy.factor) for k, v in self.master.items()}
         parameter_grads = self.model.parameter_gradients(point, admitted)
         directions = {k: self._direction(g, k) for k, g in parameter_grads.items()}
