@@ -103,11 +103,11 @@ class Engine:
     def snapshot(self) -> tuple:
         """The state between steps, by reference: a step replaces these arrays, it never writes into them."""
         source = self.source.snapshot() if self.source else None
-        return (self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step, source,
-                self.quantisers.snapshot())
+        return (self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step,
+                self.quantisers.snapshot(), source)
 
     def restore(self, snap: tuple) -> None:
-        master, opt, self.loss_scale, self.good_steps, self.opt_step, source, quantisers = snap
+        master, opt, self.loss_scale, self.good_steps, self.opt_step, quantisers, source = snap
         self.master, self.opt = master, dict(opt)
         self.quantisers.restore(quantisers)
         if self.source:
