@@ -6,6 +6,8 @@ holds what the model stores and computes with. A step: gradients admitted (finit
 format after loss scaling), turned by the head into its parameters' gradients (projected onto the
 tangent space for Z), into directions by the optimizer (optim.py), and moved by the head (retraction
 for Z), then committed unless the new state is non-finite.
+A placement's quantisers (pitcheck.quantisers: delayed-scaling histories, seeded stochastic rounding) are
+the engine's state too: snapshots, restores and checkpoints carry them.
 The numpy backend is the float64 reference; the torch backend runs any policy on CPU or CUDA.
 """
 from __future__ import annotations
@@ -19,8 +21,8 @@ from .backend import ArrayBackend, resolve_device  # noqa: F401  (resolve_device
 from .errors import PitcheckError
 from .heads import get_head, StateBreakdown  # noqa: F401  (StateBreakdown: raised by step)
 from .optim import MOMENTS, OPTIMIZERS, get_optimizer  # noqa: F401  (OPTIMIZERS: the CLI's choices)
-from .placement import through
 from .policy import Policy
+from .quantisers import Quantisers
 from .retractions import get_retraction
 
 
@@ -48,12 +50,14 @@ class Engine:
     """A head's parameters under a policy: master copy, optimizer moments, loss scale, steps."""
 
     def __init__(self, backend: str, policy: Policy, settings: StepSettings, device: str = "auto",
-                 head: str = "pit"):
+                 head: str = "pit", seed: int = 0):
         self.arrays = ArrayBackend(backend, policy, device)
         self.backend, self.device = backend, self.arrays.device
         self.ops, self.emulated = self.arrays.ops, self.arrays.emulated
         self.policy, self.settings, self.head = policy, settings, head
-        self.model = get_head(head)(self.arrays, policy, settings)
+        # seed: the run's, the first key of stochastic rounding's noise
+        self.quantisers = Quantisers(policy.placement, seed)
+        self.model = get_head(head)(self.arrays, policy, settings, self.quantisers)
         self.optimizer = get_optimizer(settings.optimizer)
         self.scaler = LossScaler(policy.loss_scaling)
         self.opt_step = 0
@@ -83,6 +87,7 @@ class Engine:
         self.master = {k: self.arrays.to(v, p.master) for k, v in master.items()}
         self.opt = {m + k: self.arrays.to(np.zeros_like(v), p.factor)
                     for k, v in moment_shapes.items() for m in MOMENTS}
+        self.quantisers.hold_moments(tuple(self.opt))
         self.model.refresh(self.master)
 
     def stored(self) -> tuple[np.ndarray, np.ndarray]:
@@ -98,11 +103,13 @@ class Engine:
     def snapshot(self) -> tuple:
         """The state between steps, by reference: a step replaces these arrays, it never writes into them."""
         source = self.source.snapshot() if self.source else None
-        return self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step, source
+        return (self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step,
+                self.quantisers.snapshot(), source)
 
     def restore(self, snap: tuple) -> None:
-        master, opt, self.loss_scale, self.good_steps, self.opt_step, source = snap
+        master, opt, self.loss_scale, self.good_steps, self.opt_step, quantisers, source = snap
         self.master, self.opt = master, dict(opt)
+        self.quantisers.restore(quantisers)
         if self.source:
             self.source.restore(source)
         self.model.refresh(self.master)
@@ -113,6 +120,7 @@ class Engine:
         d["loss_scale"] = np.float64(self.loss_scale)
         d["good_steps"] = np.int64(self.good_steps)
         d["opt_step"] = np.int64(self.opt_step)
+        d.update({f"quantiser_{k}": v for k, v in self.quantisers.state_dict().items()})
         if self.source:
             d.update({f"source_{k}": v for k, v in self.source.state_dict().items()})
         return d
@@ -125,6 +133,7 @@ class Engine:
         self.loss_scale = float(d["loss_scale"])
         self.good_steps = int(d["good_steps"])
         self.opt_step = int(d["opt_step"])
+        self.quantisers.load_state_dict({k[10:]: v for k, v in d.items() if k.startswith("quantiser_")})
         if self.source:
             self.source.load_state_dict({k[7:]: v for k, v in d.items() if k.startswith("source_")})
         self.model.refresh(self.master)
@@ -162,9 +171,15 @@ class Engine:
     # ---- one step ----------------------------------------------------------------------------
     def step(self, grads: dict, step_index: int) -> list[dict]:
         """Apply one step's gradients; returns the events it caused (an empty list on a clean step)."""
+        if self.model.has_retraction:  # the step's forward pass: its FP8 logits GEMM casts (histories advance)
+            self.quantisers.forward_logits(*self.model.stored())
         admitted, events = self._admit(grads)
         if admitted is None:
             return events
+        placed = self.policy.placement
+        if placed and placed.gradients:  # in the placement's format, rounded stochastically where it says
+            admitted = {k: self.arrays.to(g, self.policy.factor)
+                        for k, g in self.quantisers.gradients(admitted, step_index).items()}
         point = {k: self.arrays.to(v, self.policy.factor) for k, v in self.master.items()}
         parameter_grads = self.model.parameter_gradients(point, admitted)
         directions = {k: self._direction(g, k) for k, g in parameter_grads.items()}
@@ -192,7 +207,8 @@ class Engine:
         direction, moments = self.optimizer(g, moments, self.opt_step + 1, self.ops)
         placed = self.policy.placement
         if placed and placed.moments:  # stored narrow, as the precision-aware optimizer keeps them
-            moments = tuple(self.arrays.to(through(v, placed.moments), self.policy.factor) for v in moments)
+            moments = tuple(self.arrays.to(self.quantisers.moment(m + name, v), self.policy.factor)
+                            for m, v in zip(MOMENTS, moments))
         self.opt.update({m + name: v for m, v in zip(MOMENTS, moments)})
         return direction
 

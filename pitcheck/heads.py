@@ -23,8 +23,9 @@ from .gradients import gradient
 from .metrics import (cholesky_conditioning, head_metrics, interface_metrics, measure_guarded, orthonormality_loss,
                       orthonormality_ratio, sample_ids, trisolve_errors)
 from .formats import FORMATS
-from .placement import quantised_head, through
+from .placement import through
 from .policy import Policy
+from .quantisers import Quantisers
 from .reference import embedding_matrix, softplus_inverse
 from .retractions import RetractionError, get_retraction, reproject, tangent_projection
 
@@ -55,9 +56,11 @@ class PitHead:
     has_retraction = True
     not_applicable: frozenset = frozenset()  # metrics.csv columns that are NaN by design
 
-    def __init__(self, arrays: ArrayBackend, policy: Policy, settings):
+    def __init__(self, arrays: ArrayBackend, policy: Policy, settings, quantisers=None):
         self.arrays, self.ops, self.policy, self.settings = arrays, arrays.ops, policy, settings
         self.retract = get_retraction(settings.retraction)
+        # the engine's pitcheck.quantisers (the logits GEMM's recipes with their state); fresh ones if none
+        self.quantisers = quantisers if quantisers is not None else Quantisers(policy.placement)
 
     # ---- parameters ----------------------------------------------------------------------------
     def initial(self, Z0: np.ndarray, L0: np.ndarray) -> tuple[dict, dict]:
@@ -153,7 +156,7 @@ class PitHead:
         u, factor_u = self.policy.u, FORMATS[self.policy.factor].u
         placed = self.policy.placement
         # the FP8 logits GEMM's head, when the policy puts one there (pitcheck.placement)
-        B = quantised_head(Z, L, placed) if placed and placed.logits else Z @ (L @ L.T)
+        B = self.quantisers.logits_head(Z, L) if placed and placed.logits else Z @ (L @ L.T)
         try:
             return interface_metrics(Z, L, E, u, factor_u, B=B)
         except PitcheckError:
@@ -183,7 +186,7 @@ class TableHead:
 
     has_retraction = False
 
-    def __init__(self, arrays: ArrayBackend, policy: Policy, settings):
+    def __init__(self, arrays: ArrayBackend, policy: Policy, settings, quantisers=None):
         self.arrays, self.ops, self.policy, self.settings = arrays, arrays.ops, policy, settings
 
     def initial(self, Z0: np.ndarray, L0: np.ndarray) -> tuple[dict, dict]:

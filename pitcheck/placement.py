@@ -17,11 +17,17 @@ the policy's master format (fp32). The roles:
                    gradient models still see the stored fp32 Z and L.
   moments          Adam's m and v stored in FP8 after every update (Megatron's precision-aware optimizer
                    keeps exp_avg / exp_avg_sq in narrow formats), each moment one tensor of the recipe.
+  gradients        the gradients of Z and L, as they reach the optimizer, through the recipe: NVIDIA's NVFP4
+                   training recipe quantises the backward pass's gradients to NVFP4 with stochastic rounding
+                   (`stochastic` names the roles rounded so), the forward pass to nearest. The nearest
+                   twin of the same placement shows what the rounding mode alone changes.
 
 All quantisation is the bit-exact CPU emulation of pitcheck.scaling (float64 arithmetic, the decoded
 values then held in the policy's storage format), on CUDA too: native float8 GEMMs are not used (the run's
-manifest lists this under `emulated`). Every recipe here is stateless (current scaling, block or MX
-scales), so a resumed run recomputes the same copies from the same master: nothing extra is checkpointed.
+manifest lists this under `emulated`). Current, block and MX scaling are stateless: a resumed run recomputes
+the same copies from the same master. Delayed scaling (`tensor-delayed`, its options in `recipe_options`) has
+an amax history per tensor, and stochastic rounding draws noise: a run holds both in
+pitcheck.quantisers, which checkpoints the histories and seeds the noise from the run's seed and step.
 """
 from __future__ import annotations
 
@@ -42,9 +48,21 @@ class Placement:
     l_copy: str = ""  # recipe of the L the model computes with
     logits: tuple[str, str] | None = None  # recipes of the logits GEMM's (activation, weight) operands
     moments: str = ""  # recipe Adam's moments are stored in
+    gradients: str = ""  # recipe the gradients of Z and L pass through before the optimizer
+    stochastic: tuple[str, ...] = ()  # the roles rounded stochastically (only "gradients" so far)
+    recipe_options: tuple[tuple[str, object], ...] = ()  # options of every recipe here (scaling.get_recipe)
+
+    def __post_init__(self):
+        unknown = set(self.stochastic) - {"gradients"}
+        if unknown or (self.stochastic and not self.gradients):
+            raise PitcheckError(f"placement {self.name}: stochastic rounding is supported on its gradients only")
+
+    @property
+    def options(self) -> dict:
+        return dict(self.recipe_options)
 
     def recipes(self) -> list[str]:
-        return [r for r in (self.z_copy, self.l_copy, self.moments, *(self.logits or ())) if r]
+        return [r for r in (self.z_copy, self.l_copy, self.moments, self.gradients, *(self.logits or ())) if r]
 
     def map_recipes(self) -> list[str]:
         """The recipes the maps pass through (the moments' only reach them through the steps)."""
@@ -56,11 +74,18 @@ class Placement:
 
     def describe(self) -> dict:
         d = {"name": self.name, "where": self.where}
-        d.update({k: v for k, v in (("z_copy", self.z_copy), ("l_copy", self.l_copy), ("moments", self.moments)) if v})
+        d.update({k: v for k, v in (("z_copy", self.z_copy), ("l_copy", self.l_copy), ("moments", self.moments),
+                                    ("gradients", self.gradients)) if v})
         if self.logits:
             d["logits"] = {"activation": self.logits[0], "weight": self.logits[1]}
+        if self.stochastic:
+            d["stochastic_rounding"] = list(self.stochastic)
+        if self.recipe_options:
+            d["recipe_options"] = self.options
         return d
 
+
+DELAYED_OPTIONS = (("history_len", 16), ("algo", "max"))
 
 PLACEMENTS: dict[str, Placement] = {
     p.name: p
@@ -83,6 +108,19 @@ PLACEMENTS: dict[str, Placement] = {
                   z_copy="mxfp8", l_copy="mxfp8"),
         Placement("store-nvfp4", "the extreme: Z and L stored in NVFP4 (E2M1, an E4M3 scale per 16, an fp32 "
                   "global scale)", z_copy="nvfp4", l_copy="nvfp4"),
+        # delayed scaling: TE's DelayedScaling with a 16-step window, algo max, margin 0. TE's default window
+        # is 1024 steps; 16 keeps it a small part of the runs here (200-1000 steps), so that old amaxes do
+        # leave the window, and max is TE's default algo
+        Placement("logits-delayed", "TE's DelayedScaling: the logits GEMM's operands in E4M3, each scaled by "
+                  "the max of its last 16 amaxes", logits=("tensor-delayed", "tensor-delayed"),
+                  recipe_options=DELAYED_OPTIONS),
+        Placement("adam-fp8-delayed", "Adam's moments stored in E4M3, each moment tensor scaled by the max of its "
+                  "last 16 amaxes (TE's DelayedScaling)", moments="tensor-delayed", recipe_options=DELAYED_OPTIONS),
+        Placement("grad-nvfp4", "the gradients in NVFP4 (1 x 16 blocks along D), rounded to nearest",
+                  gradients="nvfp4"),
+        Placement("grad-nvfp4-sr", "NVIDIA's NVFP4 training recipe: the gradients in NVFP4 with stochastic "
+                  "rounding, seeded by the run's seed, step and tensor", gradients="nvfp4",
+                  stochastic=("gradients",)),
     ]
 }
 
@@ -100,11 +138,15 @@ def through(x, recipe: str):
     return fake_quant(x, get_recipe(recipe), axis=-1)
 
 
-def quantised_head(Z: np.ndarray, L: np.ndarray, placement: Placement) -> np.ndarray:
-    """B = W^T of the FP8 logits GEMM, float64: q_w(Z) q_a(T)^T with T = L L^T (see the module doc)."""
-    activation, weight = placement.logits
+def quantised_head(Z: np.ndarray, L: np.ndarray, placement: Placement, operands: tuple | None = None) -> np.ndarray:
+    """B = W^T of the FP8 logits GEMM, float64: q_w(Z) q_a(T)^T with T = L L^T (see the module doc).
+    operands: the (activation, weight) Recipe instances to cast with (a run's, with their state); by default
+    fresh ones of the placement's recipes."""
+    if operands is None:
+        operands = tuple(get_recipe(name, **placement.options) for name in placement.logits)
+    activation, weight = operands
     T = L @ L.T
-    return through(Z, weight) @ through(T, activation).T
+    return fake_quant(Z, weight, axis=-1) @ fake_quant(T, activation, axis=-1).T
 
 
 def z_format(storage: str, placement: Placement | None) -> tuple[str, float]:

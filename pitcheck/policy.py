@@ -67,7 +67,9 @@ POLICIES: dict[str, Policy] = {
                                   ("mxfp8-logits", "logits-mxfp8"),
                                   ("mxfp8-rceil-logits", "logits-mxfp8-rceil"), ("fp8-gathered-z", "gathered-z"),
                                   ("fp8-adam", "adam-fp8"), ("fp8-store", "store-fp8"),
-                                  ("mxfp8-store", "store-mxfp8"), ("nvfp4-store", "store-nvfp4"))),
+                                  ("mxfp8-store", "store-mxfp8"), ("nvfp4-store", "store-nvfp4"),
+                                  ("fp8-logits-delayed", "logits-delayed"), ("fp8-adam-delayed", "adam-fp8-delayed"),
+                                  ("nvfp4-grad", "grad-nvfp4"), ("nvfp4-grad-sr", "grad-nvfp4-sr"))),
     ]
 }
 

@@ -18,7 +18,7 @@ from .teacher import load_teacher
 
 def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
     """An engine of the config's head, with the stateful gradient source its adversary names attached."""
-    engine = Engine(backend, policy, config.settings(), device, head=config.head)
+    engine = Engine(backend, policy, config.settings(), device, head=config.head, seed=config.seed)
     source = stateful_source(config.adversary)
     if source:
         engine.source = source.build(config, engine)
