@@ -64,9 +64,12 @@ def test_unsupported_stateful_placements_are_refused_in_one_line():
         Placement("x", "", moments="nvfp4", stochastic=("moments",))
     with pytest.raises(PitcheckError, match="not supported"):
         Quantisers(Placement("x", "", z_copy="tensor-delayed"))
-    with pytest.raises(PitcheckError, match="runs unsharded"):
-        RunConfig(precision="nvfp4-grad-sr", backend="torch", device="cpu", vocab=64, dim=4, shards=2,
-                  retraction="cholqr2").validate()
+    # every placement, stateless ones too: the ranks step the plain policy, so a sharded fp8-logits run
+    # would record a placement it never applied
+    for precision in ("nvfp4-grad-sr", "fp8-logits", "fp8-store", "fp8-adam"):
+        with pytest.raises(PitcheckError, match="applies no placement .* runs unsharded"):
+            RunConfig(precision=precision, backend="torch", device="cpu", vocab=64, dim=4, shards=2,
+                      retraction="cholqr2").validate()
 
 
 # ---- delayed scaling ------------------------------------------------------------------------------------

@@ -178,8 +178,9 @@ def check_sharding(cfg: RunConfig) -> None:
         (cfg.head != "pit", "shards PIT's Z: use --head pit"),
         (bool(stateful_source(cfg.adversary)), f"takes the stateless adversaries, not {cfg.adversary}"),
         (bool(cfg.reproject_every or cfg.reproject_threshold), "has no distributed re-projection: drop --reproject-*"),
-        (bool(policy.placement and (policy.placement.stochastic or "tensor-delayed" in policy.placement.recipes())),
-         f"has no amax histories or stochastic rounding on its ranks: {cfg.precision} runs unsharded"),
+        # the ranks step the plain policy: a placement would be recorded in the manifest but never applied
+        (bool(policy.placement), f"applies no placement (8- or 4-bit copies, moments, gradients) on its ranks: "
+                                 f"{cfg.precision} runs unsharded"),
         (policy.matmul != policy.factor, f"needs a precision whose matmuls run in the factor dtype (the distributed "
                                          f"retractions do not emulate {policy.matmul} matmuls), not {cfg.precision}"),
     ]
