@@ -66,7 +66,11 @@ class ArrayBackend:
                                          f"{policy.matmul}, fp32 accumulation, result rounded")
             else:
                 self.ops = TorchOps()
-            if policy.placement:
+            if policy.placement and on_cuda:
+                self.emulated.append(f"placement {policy.placement.name}: copies of Z and L cast with torch's float8 "
+                                     "dtypes where the recipe has a native path (pitcheck.native_float8); the "
+                                     "logits head, moments and gradients emulated in float64 (pitcheck.scaling)")
+            elif policy.placement:
                 self.emulated.append(f"placement {policy.placement.name} emulated bit-exactly in float64 on the "
                                      "CPU (pitcheck.scaling), not native float8 GEMMs")
         else:

@@ -164,3 +164,20 @@ def gemm_error_bound(a_hat: np.ndarray, w_hat: np.ndarray, block: int) -> np.nda
     n = min(block, K) + -(-K // block) + 2
     u = FORMATS["fp32"].u
     return n * u / (1 - n * u) * (np.abs(a_hat) @ np.abs(w_hat).T)
+
+
+def has_native_path(recipe: str | Recipe) -> bool:
+    """Whether `quantise` runs this recipe natively (fp8 elements; per-tensor current, fp32-block or MX scales)."""
+    recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
+    return recipe.element in NATIVE_ELEMENTS and isinstance(recipe, (TensorCurrent, BlockFP32, MX))
+
+
+def fake_quant(x, recipe: str | Recipe):
+    """x (a torch matrix) through the recipe's native path and back: float64 on x's device, blocks along
+    the rows, as pitcheck.scaling.fake_quant gives it from the emulation. x is rounded to float32 first
+    (the operand the hardware casts: exact for a float32 master)."""
+    import torch
+
+    values, scales, length, per_row = quantise(x.detach().to(torch.float32), recipe)
+    divisor = scales.double().repeat_interleave(length, dim=1)[:, : x.shape[1]] if per_row else scales.double()
+    return values.double() * divisor

@@ -132,9 +132,18 @@ def get_placement(name: str) -> Placement:
         raise PitcheckError(f"unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}") from None
 
 
-def through(x, recipe: str):
+def through(x, recipe: str, native: bool | None = None):
     """x through the recipe and back (x's kind: numpy, or a float64 torch tensor on x's device), blocks
-    along the rows (the contraction axis of every GEMM these tensors enter)."""
+    along the rows (the contraction axis of every GEMM these tensors enter). native (None: for a CUDA
+    tensor) casts with torch's float8 dtypes where the recipe has a native path (pitcheck.native_float8:
+    equal to the emulation on float32 input, tested); otherwise, and on the CPU by default, the emulation."""
+    if native is None:
+        native = type(x).__module__.startswith("torch") and x.is_cuda
+    if native and getattr(x, "ndim", 0) == 2:
+        from . import native_float8  # deferred: it needs torch, which a numpy run never imports
+
+        if native_float8.has_native_path(recipe):
+            return native_float8.fake_quant(x, recipe)
     return fake_quant(x, get_recipe(recipe), axis=-1)
 
 

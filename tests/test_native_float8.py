@@ -158,3 +158,32 @@ def test_mx_scaled_mm_matches_the_emulated_head_to_accumulation():
 def test_blocks_of_different_lengths_are_refused():
     with pytest.raises(PitcheckError, match="blocks along K differ"):
         scaled_mm(torch.ones(16, 64), torch.ones(16, 64), "mxfp8", "block-1x128")
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8-rceil", "tensor-current", "block-1x128", "block-128x128"])
+def test_placement_through_takes_the_native_path_with_the_emulations_values(recipe, monkeypatch):
+    """What a CUDA run's copies of Z and L go through (placement.through, native for CUDA tensors), forced
+    on the CPU: the emulation's values (a float32 master, so the operand is exact in fp32)."""
+    from pitcheck import native_float8
+    from pitcheck.placement import through
+
+    calls = []
+    real = native_float8.fake_quant
+    monkeypatch.setattr(native_float8, "fake_quant", lambda x, r: calls.append(r) or real(x, r))
+    x = _operand(130, 40, 7).double()
+    assert native_float8.has_native_path(recipe)
+    emulated = through(x, recipe)  # a CPU tensor: the emulation by default
+    assert calls == []
+    native = through(x, recipe, native=True)
+    assert calls == [recipe]
+    assert native.dtype == torch.float64 and torch.equal(native, emulated)
+
+
+def test_placement_through_falls_back_to_the_emulation_without_a_native_path():
+    from pitcheck.native_float8 import has_native_path
+    from pitcheck.placement import through
+
+    x = _operand(32, 64, 8).double()
+    for recipe in ("nvfp4", "mxfp4", "tensor-delayed"):
+        assert not has_native_path(recipe)
+        assert torch.equal(through(x, recipe, native=True), through(x, recipe, native=False))
