@@ -187,3 +187,55 @@ def test_placement_through_falls_back_to_the_emulation_without_a_native_path():
     for recipe in ("nvfp4", "mxfp4", "tensor-delayed"):
         assert not has_native_path(recipe)
         assert torch.equal(through(x, recipe, native=True), through(x, recipe, native=False))
+
+
+def test_gemm_error_bound_in_closed_form():
+    """gamma_n u_fp32 |A||W|^T with n = min(block, K) + ceil(K / block) + 2."""
+    u = 2.0**-24
+    a, w = np.full((2, 300), -0.5), np.full((3, 300), 2.0)
+    for block, n in ((32, 32 + 10 + 2), (128, 128 + 3 + 2), (300, 300 + 1 + 2), (512, 300 + 1 + 2)):
+        expected = n * u / (1 - n * u) * 300.0
+        assert np.array_equal(gemm_error_bound(a, w, block), np.full((2, 3), expected)), block
+
+
+def test_scaled_mm_hands_torch_padded_shapes_and_a_column_major_second_operand(monkeypatch):
+    """The CUDA kernels need every dimension a multiple of 16 and mat2 column-major: each call checked."""
+    from pitcheck import native_float8
+
+    assert native_float8.GEMM_MULTIPLE == 16
+    calls, real = [], torch._scaled_mm
+
+    def spy(a, b, **kw):
+        calls.append((tuple(a.shape), tuple(b.shape), b.stride(), kw["scale_a"].shape, kw["scale_b"].shape))
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    scaled_mm(_operand(50, 70, 1), _operand(30, 70, 2), "mxfp8", "mxfp8")
+    assert len(calls) == 3  # K = 70 in blocks of 32: 32, 32, 6
+    for (m, k), (k2, n), stride, sa, sb in calls:
+        assert (m, n) == (64, 32) and k == k2 and k % 16 == 0 and stride == (1, k)
+        assert tuple(sa) == (64, 1) and tuple(sb) == (1, 32)
+
+
+@pytest.mark.parametrize("pair", [("mxfp8", "tensor-current"), ("tensor-current", "block-128x128")])
+def test_a_per_tensor_operand_beside_a_blockwise_one_either_way_round(pair):
+    a, w = _operand(20, 64, 9), _operand(40, 64, 10)
+    out = scaled_mm(a, w, *pair).double().numpy()
+    parts = [fake_quant(x, r).numpy() for x, r in ((a, pair[0]), (w, pair[1]))]
+    block = 32 if "mxfp8" in pair else 128
+    assert np.all(np.abs(out - parts[0] @ parts[1].T) <= gemm_error_bound(*parts, block))
+
+
+def test_more_inputs_native_quantisation_refuses():
+    for x in (torch.zeros(2, 3, 4), torch.zeros(4)):
+        with pytest.raises(PitcheckError, match="takes a matrix"):
+            quantise(x, "mxfp8")
+    with pytest.raises(PitcheckError, match="float32 input"):
+        quantise(torch.zeros(4, 4, dtype=torch.float64), "mxfp8")
+    for a, w in ((torch.zeros(2, 4, 3), torch.zeros(5, 4)), (torch.zeros(5, 4), torch.zeros(2, 4, 3)),
+                 (torch.zeros(4), torch.zeros(5, 4)), (torch.zeros(5, 4), torch.zeros(4)),
+                 (torch.zeros(4, 5), torch.zeros(4, 4))):
+        with pytest.raises(PitcheckError, match="M x K and N x K"):
+            scaled_mm(a, w, "mxfp8", "mxfp8")
+    with pytest.raises(PitcheckError, match="blocks along K differ"):
+        scaled_mm(torch.ones(16, 64), torch.ones(16, 64), "block-1x128", "mxfp8")

@@ -59,6 +59,7 @@ MODULES: dict[str, list[str]] = {
     "formats": ["tests/test_formats.py"],
     "policy": ["tests/test_formats.py", "tests/test_policy.py"],
     "scaling": ["tests/test_scaling.py"],
+    "native_float8": ["tests/test_native_float8.py"],
     "validate/checks": ["tests/test_validate_checks.py"],
     "arrays": ["tests/test_arrays.py"],
     "engine": ["tests/test_engine.py"],
