@@ -166,7 +166,8 @@ def test_an_interrupted_stateful_run_resumes_with_identical_results(tmp_path, mo
         assert (tmp_path / "full" / name).read_bytes() == (tmp_path / "cut" / name).read_bytes()
 
 
-@pytest.mark.parametrize("precision", DELAYED)
+# one SIGKILL in the default suite (the in-process resume tests cover both policies); both with --runslow
+@pytest.mark.parametrize("precision", [DELAYED[0], *(pytest.param(p, marks=pytest.mark.slow) for p in DELAYED[1:])])
 def test_sigkilled_delayed_run_resumes_byte_identical(tmp_path, precision):
     from tests.test_kills import assert_same_run, kill_and_resume
 

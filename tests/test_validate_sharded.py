@@ -30,6 +30,7 @@ def test_the_reference_passes_every_check_on_two_ranks():
     assert "2 ranks" in result.summary()
 
 
+@pytest.mark.slow  # 11 s on 2 cores; the two-rank test runs every check in the default suite
 def test_the_reference_passes_on_four_ranks_through_the_cli(capsys):
     status = main(["validate", "--world-size", "4", REFERENCE, "--vocab", "67", "--dim", "8", "--steps", "5",
                    "--checks", "shards,replicas,penrose,retraction"])
