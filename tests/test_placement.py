@@ -157,3 +157,24 @@ def test_a_placed_run_resumes_with_identical_results(tmp_path, monkeypatch):
         run(cfg, tmp_path / "cut")
     run(cfg, tmp_path / "cut", resume=True)
     assert (tmp_path / "full" / "metrics.csv").read_bytes() == (tmp_path / "cut" / "metrics.csv").read_bytes()
+
+
+def test_compare_report_ranks_the_placements_by_the_tie():
+    """report.md's 'Placements ranked': each precision at its best retraction, by ||W E - I||_F; the tie holds
+    within the drift bound, breaks beyond it, and a floor above 0.1 is inconclusive; no placement, no section."""
+    from pitcheck.sweep.report import placement_lines
+
+    def row(precision, retraction, drift, bound, ortho, floor):
+        return {"precision": precision, "retraction": retraction, "final_pinv_drift": drift, "drift_bound": bound,
+                "final_orthonormality": ortho, "floor": floor}
+
+    rows = [row("fp32", "qr", 1e-6, 2e-6, 1e-6, 7e-8), row("fp32", "cayley", 5e-6, 9e-6, 4e-6, 7e-8),
+            row("fp8-logits", "qr", 0.14, 2e-6, 1e-6, 7e-8), row("fp8-logits", "cholqr2", 0.13, 2e-6, 1e-6, 7e-8),
+            row("nvfp4-store", "qr", 0.31, 0.6, 0.29, 0.29)]
+    lines = placement_lines(rows)
+    table = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+    assert [line.split(" | ")[1] for line in table] == ["fp32", "fp8-logits", "nvfp4-store"]
+    assert table[0].endswith("| holds |") and "1.00e-06" in table[0]  # fp32 at qr, its best retraction
+    assert "1.30e-01" in table[1] and table[1].endswith("| broken (6.5e+04x its bound) |")
+    assert table[2].endswith("| inconclusive (floor > 0.1) |")
+    assert placement_lines([row("fp32", "qr", 1e-6, 2e-6, 1e-6, 7e-8)]) == []

@@ -75,6 +75,38 @@ def timing_lines(info: dict) -> list[str]:
     return lines
 
 
+def placement_lines(rows: list[dict]) -> list[str]:
+    """For a grid with placements (pitcheck.placement): the precisions ranked by what the tie keeps, each at
+    its best retraction: ||W E - I||_F against the drift bound (the tie holds when within it), then
+    ||Z^T Z - I||_F against its floor. [] when no row has a placement."""
+    if not any(get_policy(r["precision"]).placement for r in rows):
+        return []
+    best = {}
+    for r in rows:
+        current = best.setdefault(r["precision"], {"drift": math.inf, "bound": math.nan, "ortho": math.inf,
+                                                   "floor": r["floor"]})
+        if r["final_pinv_drift"] < current["drift"]:
+            current.update(drift=r["final_pinv_drift"], bound=r["drift_bound"])
+        current["ortho"] = min(current["ortho"], r["final_orthonormality"])
+    lines = ["## Placements ranked", "",
+             "Each precision at its best retraction, ranked by ||W E - I||_F: the tie holds where it is within the "
+             "drift bound cond(T) (||Z^T Z - I||_F + u_factor); where a format's floor exceeds 0.1 it cannot "
+             "resolve the question.", "",
+             "| rank | precision | placement | ‖WE-I‖_F | / drift bound | ‖ZᵀZ-I‖_F | x floor | the tie |",
+             "|---|---|---|---|---|---|---|---|"]
+    ranked = sorted(best.items(), key=lambda item: (item[1]["drift"], item[1]["ortho"]))
+    for rank, (precision, b) in enumerate(ranked, 1):
+        placed = get_policy(precision).placement
+        over = b["drift"] / b["bound"] if b["bound"] > 0 else math.nan
+        if b["floor"] > 0.1:
+            tie = "inconclusive (floor > 0.1)"
+        else:
+            tie = "holds" if over <= 1 else f"broken ({over:.2g}x its bound)"
+        lines.append(f"| {rank} | {precision} | {placed.name if placed else '-'} | {b['drift']:.2e} | {_fmt(over, '.3g')} "
+                     f"| {b['ortho']:.2e} | {_fmt(b['ortho'] / b['floor'] if b['floor'] > 0 else math.nan, '.3g')} | {tie} |")
+    return lines + [""]
+
+
 def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     """report.md: the verdict first, then the table, the floors and bounds, the machine, the plots."""
     rows = info["rows"]
@@ -98,6 +130,7 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         *verdict_lines(rows),
         "",
         *(t_instability_lines(rows) + [""] if t_instability_lines(rows) else []),
+        *placement_lines(rows),
         "## Table",
         "",
         "One row per cell group, aggregated over seeds: final ||Z^T Z - I||_F (median, min-max over seeds); "
