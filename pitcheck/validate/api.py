@@ -12,7 +12,6 @@ from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_c
 from .isolation import TargetRun, run_isolated
 from .result import ValidationResult
 from .shard_checks import SHARDED_CHECKS, judge
-from .shard_run import check_world_size, run_sharded
 from .probes import describe_exception, load_probe
 from .dtypes import DTYPES, UNIT_ROUNDOFF, narrow_dtype_refusal
 from .target import describe_callable
@@ -77,6 +76,8 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
     """
     sharded = world_size is not None
     if sharded:
+        from .shard_run import check_world_size  # deferred: torch.distributed, which `import pitcheck` must not need
+
         check_world_size(world_size)
     names = parse_checks(checks, sharded)
     check_options(dtype, device, vocab, dim, steps, seed, timeout)
@@ -98,6 +99,8 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
                "generic_cond": generic_condition(ctx), "threads": policy_threads(threads)}
     start = time.monotonic()
     if sharded:
+        from .shard_run import run_sharded
+
         run = run_sharded(request, world_size, timeout)
     else:
         run = run_isolated(request, timeout) if isolate else _run_here(factory, request)
