@@ -92,14 +92,15 @@ def quantise(x, recipe: str | Recipe):
         raise PitcheckError(f"native quantisation takes float32 input, got {x.dtype}")
     M, K = x.shape
     length, per_row = _block_length(recipe, K)
-    emulated = recipe.quantise(x.detach().cpu().double().numpy(), axis=-1)
     if not per_row:
-        decode = float(emulated.scales.reshape(-1)[0])
-        # the encode scale the emulation multiplied by: TE's fp32 fmax / amax (tensor-current)
+        # TE's encode scale fp32(fmax / amax) and its scale_inv fp32(1 / scale): no trip to the host
         encode = _tensor_encode_scale(recipe, x)
+        decode = float(np.float32(1.0 / encode))
         values = cast(x * encode, recipe.element)
         scales = torch.tensor([[decode]], dtype=torch.float32, device=x.device)
         return values, scales, K, False
+    # block scales by the emulation's rule from the same amaxes (the values it also computes are dropped)
+    emulated = recipe.quantise(x.detach().cpu().double().numpy(), axis=-1)
     # block scales: one per (row, block) for 1 x n blocks; an n x n tile's scale repeated on its rows
     block_scales = np.repeat(emulated.scales, emulated.block[0], axis=0)[:M]
     scales = torch.from_numpy(block_scales.astype(np.float32)).to(x.device)
