@@ -140,6 +140,13 @@ def test_a_batch_killed_by_sigkill_resumes_to_the_numbers_of_uninterrupted_runs(
             assert alone[name] == resumed[name]
 
 
+def test_runs_of_different_policies_handed_over_together_are_not_stacked_together(tmp_path):
+    cells = four_cells("fp32", "qr")[:2] + four_cells("bf16", "qr")[2:]
+    outcomes, files = alone_and_batched(cells, tmp_path)
+    assert [o.batched_steps for o in outcomes] == [12] * 4  # two stacks of two
+    assert all(a == b for a, b in files)
+
+
 def test_runs_resumed_at_different_steps_are_batched_by_step(tmp_path):
     configs = four_cells("fp32", "qr", steps=40)
     with thread_policy(1):
@@ -180,7 +187,7 @@ steps = 30
 records_per_decade = 4
 [axes]
 retraction = ["qr", "polar-ns"]
-precision = ["fp64", "fp32", "fp16"]
+precision = ["fp64", "fp32", "bf16", "fp16"]
 adversary = ["gaussian", "dense_output+sparse_input"]
 shape = ["16x4"]
 seed = [0, 1]
@@ -194,13 +201,14 @@ def test_the_sweep_hands_out_batches_and_its_results_do_not_change(tmp_path):
     tasks = [{"name": c.name, "config": c.config.to_json()} for c in sw.cells(grid)]
     handed = sw.batch_tasks(tasks, 3)
     batches = [t for t in handed if "cells" in t]
-    # fp64 qr and fp32 qr: 4 cells each, in batches of 3 and 1; fp16 (loss scaling) and polar-ns alone
-    assert sorted(len(t["cells"]) for t in batches) == [3, 3]
-    assert len(handed) == 24 - 6 + 2 and sw.batch_tasks(tasks, 1) == tasks
+    # qr in fp64, fp32 and bf16: 4 cells each, in batches of 3 and 1; fp16 (loss scaling) and polar-ns alone
+    assert sorted(len(t["cells"]) for t in batches) == [3, 3, 3]
+    assert len(handed) == 32 - 9 + 3 and sw.batch_tasks(tasks, 1) == tasks
+    assert all(len({c["config"]["precision"] for c in t["cells"]}) == 1 for t in batches)
     assert all("fp16" not in c["name"] and "polar-ns" not in c["name"] for t in batches for c in t["cells"])
     alone = sw.sweep(tmp_path / "alone", grid, workers=2, progress=False, batch=1)
     batched = sw.sweep(tmp_path / "batched", grid, workers=2, progress=False, batch=3)
-    assert alone["computed"] == batched["computed"] == 24
+    assert alone["computed"] == batched["computed"] == 32
     files = {}
     for which in ("alone", "batched"):
         cells = tmp_path / which / "cells"
@@ -208,7 +216,7 @@ def test_the_sweep_hands_out_batches_and_its_results_do_not_change(tmp_path):
                         if p.is_file() and p.name != ".lock"}
     assert files["alone"] == files["batched"]
     assert (tmp_path / "alone" / "summary.csv").read_bytes() == (tmp_path / "batched" / "summary.csv").read_bytes()
-    assert len(list((tmp_path / "batched" / "costs").glob("*.json"))) == 24
+    assert len(list((tmp_path / "batched" / "costs").glob("*.json"))) == 32
 
 
 def test_bad_batch_is_one_line():

@@ -49,6 +49,14 @@ def why_alone(trajectory: Trajectory) -> str | None:
     return next((why for why in map(unstackable, engines) if why), None)
 
 
+def stack_signature(trajectory: Trajectory) -> tuple:
+    """What runs stepped as one stack must share besides their step: one policy, retraction and shape (the
+    stack's arithmetic is its first engine's), the shadow or none, and the recording schedule."""
+    c = trajectory.config
+    return (trajectory.step, c.backend, c.precision, c.retraction, c.vocab, c.dim, trajectory.engine.device,
+            trajectory.shadow is not None, c.steps, c.records_per_decade)
+
+
 def run_alone(trajectory: Trajectory, outcome: Outcome) -> None:
     try:
         outcome.rows = trajectory.run()
@@ -166,19 +174,19 @@ class StackedRuns:
 
 
 def run_batch(trajectories: list[Trajectory], threads: int | None = None) -> list[Outcome]:
-    """Run (or resume) these trajectories, those that can be stacked together; one Outcome each, in order.
-    A run that cannot join (why_alone) or is alone at its step runs by itself first."""
+    """Run (or resume) these trajectories, those that can be stacked together (same stack_signature) as one
+    stack; one Outcome each, in order. A run that cannot join (why_alone) or has no partner runs by itself first."""
     outcomes = [Outcome() for _ in trajectories]
     with thread_policy(threads):
-        by_step: dict[int, list[int]] = {}
+        stacks: dict[tuple, list[int]] = {}
         for k, t in enumerate(trajectories):
             if why_alone(t) is None:
-                by_step.setdefault(t.step, []).append(k)
-        stacked = {k for ks in by_step.values() if len(ks) > 1 for k in ks}
+                stacks.setdefault(stack_signature(t), []).append(k)
+        stacked = {k for ks in stacks.values() if len(ks) > 1 for k in ks}
         for k, t in enumerate(trajectories):
             if k not in stacked:
                 run_alone(t, outcomes[k])
-        for ks in by_step.values():
+        for ks in stacks.values():
             if len(ks) < 2:
                 continue
             try:
