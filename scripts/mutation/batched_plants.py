@@ -2,6 +2,7 @@
 tests of tests/test_batched.py that should catch it run, the file restored; prints KILLED or SURVIVED per
 plant (every plant must be killed). Run from the repository root with the venv's python; a word of a plant's
 description picks a subset."""
+import subprocess, sys
 PLANTS = [
  ("seeds: every cell's gradients drawn with the first cell's seed", "pitcheck/trajectory/batched.py",
   "grads = [gradient(names, Z[k], L[k], t.config.seed, step,", "grads = [gradient(names, Z[k], L[k], self.runs[0].config.seed, step,",
