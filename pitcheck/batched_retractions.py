@@ -69,8 +69,10 @@ class StackedOps:
 
     def finite(self, x) -> np.ndarray:
         """Per matrix: every entry finite (a bool array of B)."""
-        if self.torch:
+        if self.torch and (x.device.type != "cpu" or x.dtype not in (self.torch.float32, self.torch.float64)):
             return self.torch.isfinite(x).flatten(1).all(1).cpu().numpy()
+        # numpy on the CPU tensor's memory: one call where torch dispatches four (TorchOps.isfinite_all)
+        x = x.detach().numpy() if self.torch else x
         return np.isfinite(x).reshape(x.shape[0], -1).all(1)
 
     def qr(self, x):
