@@ -66,7 +66,7 @@ class StackedPit:
         p, ops = self.policy, self.ops
         raw = self._to(self.master["raw"], p.factor)
         self.Z = self._to(self.master["Z"], p.storage)
-        self.L = self._to(ops.tril(raw, -1) + ops.diag_embed(ops.softplus(ops.diagonal(raw))), p.storage)
+        self.L = self._to(ops.tril(raw, -1) + ops.diag_embed(ops.on_diagonals(ops.base.softplus, raw)), p.storage)
 
     def stored(self) -> tuple[np.ndarray, np.ndarray]:
         """The stored Z and L of every cell as float64 numpy stacks (PitHead.stored, exact copies)."""
@@ -99,7 +99,7 @@ class StackedPit:
         point = {k: self._to(v, p.factor) for k, v in self.master.items()}
         Z, raw = point["Z"], point["raw"]
         gl = grads["L"]
-        gl = ops.tril(gl, -1) + ops.diag_embed(ops.diagonal(gl) * ops.sigmoid(ops.diagonal(raw)))
+        gl = ops.tril(gl, -1) + ops.diag_embed(ops.diagonal(gl) * ops.on_diagonals(ops.base.sigmoid, raw))
         gz = tangent_projection(Z, grads["Z"], ops)  # SGD: the direction is the gradient
         xi = tangent_projection(Z, -self.lr * gz, ops)
         xi_bad = ~ops.finite(xi)

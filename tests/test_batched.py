@@ -61,8 +61,9 @@ def test_a_batch_writes_the_files_of_its_cells_run_alone(tmp_path, precision, re
 
 @pytest.mark.parametrize("retraction", ["cayley", "polar-gram", "cholqr2"])
 def test_odd_dimensions_too(tmp_path, retraction):
-    # D = 6 and 3: D x D products below torch's own-loop threshold, softplus/sigmoid on part-filled vectors
-    for k, (vocab, dim) in enumerate(((40, 6), (24, 3))):
+    # D = 6 and 3: D x D products below torch's own-loop threshold; D = 32: softplus and sigmoid of L's
+    # diagonal on a full AVX512 vector (the stacked diagonal, strided, would take the scalar path)
+    for k, (vocab, dim) in enumerate(((40, 6), (24, 3), (64, 32))):
         cells = four_cells("fp32", retraction, vocab, dim, steps=12)
         _, files = alone_and_batched(cells, tmp_path / str(k))
         assert all(a == b for a, b in files)
