@@ -22,8 +22,8 @@ from ..trajectory.batched import run_batch
 from .cells import record_cost, run_cell
 
 # cells per batch unless --batch says otherwise, and the largest V x D batched: measured at fp32 qr, one
-# thread, B = 6 (results/bench/BATCHED.md): faster and bit-identical up to 512 x 16; at 2048 x 32 slower (0.73x)
-# and no longer bit-identical (torch's batched kernels differ from its one-matrix ones at that size)
+# thread, B = 6 (results/bench/BATCHED.md): 2.2x at 128 x 8, 1.7x at 512 x 16, 1.1x at 1024 x 16 and 0.91x
+# at 2048 x 32 (bit-identical at every size; above this the stacked arithmetic, not the calls it saves, costs)
 DEFAULT_BATCH = 8
 BATCH_MAX_ELEMENTS = 8192
 
