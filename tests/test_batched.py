@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pitcheck import sweep as sw
@@ -84,7 +83,7 @@ def test_a_cell_whose_step_has_an_event_goes_on_alone_with_the_same_numbers(tmp_
     base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
     nonfinite = AdversaryParams(nonfinite_probability=0.3)
     configs = [RunConfig(seed=0, **base), RunConfig(seed=1, adversary="nonfinite", adversary_params=nonfinite, **base),
-               # huge spikes at lr 1: T breaks down after a few stacked steps; the batch hands it back, the run records it
+               # huge spikes at lr 1: T breaks down after a few stacked steps; handed back, the run records it
                RunConfig(seed=2, adversary="spike", lr=1.0, **base,
                          adversary_params=AdversaryParams(spike_probability=0.5, spike_scale=1000.0)),
                RunConfig(seed=3, **base)]
@@ -163,8 +162,8 @@ def test_runs_resumed_at_different_steps_are_batched_by_step(tmp_path):
                               for k, c in enumerate(configs)])
     assert [o.batched_steps for o in outcomes] == [30, 30, 15, 15]
     for k in range(4):
-        assert run_files(tmp_path / f"alone{k}")["checkpoint.npz"] == run_files(tmp_path / f"batch{k}")["checkpoint.npz"]
-        assert run_files(tmp_path / f"alone{k}")["metrics.csv"] == run_files(tmp_path / f"batch{k}")["metrics.csv"]
+        alone, batched = run_files(tmp_path / f"alone{k}"), run_files(tmp_path / f"batch{k}")
+        assert alone["checkpoint.npz"] == batched["checkpoint.npz"] and alone["metrics.csv"] == batched["metrics.csv"]
 
 
 def run_batch_until(trajectory: Trajectory, stop: int) -> int:

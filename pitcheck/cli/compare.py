@@ -6,8 +6,8 @@ import sys
 
 from ..errors import PitcheckError
 from ..executors import EXECUTORS
-from ..sweep import (DEFAULT_BATCH, MAX_CELLS, Grid, compare, load_grid, override, parse_shape, t_instability_lines, table_lines,
-                     verdict_lines)
+from ..sweep import (DEFAULT_BATCH, MAX_CELLS, Grid, compare, load_grid, override, parse_shape, t_instability_lines,
+                     table_lines, verdict_lines)
 
 NEEDS_TORCH = True
 DEFAULT_OUT = "pitcheck-out/compare"

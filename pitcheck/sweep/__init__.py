@@ -49,7 +49,8 @@ from .runner import read_timing, sweep
 from .summary import COST_COLUMNS, SUMMARY_COLUMNS, read_summary, storage_floor, summarise
 from .verdict import BOUNDED_GROWTH, judge, t_instability_lines, verdict_lines, verdicts
 
-__all__ = ["AXES", "BOUNDED_GROWTH", "COST_COLUMNS", "DEFAULT_BATCH", "batch_tasks", "run_cell_batch", "stack_key", "MAX_CELLS", "SUMMARY_COLUMNS", "Cell", "Grid",
+__all__ = ["AXES", "BOUNDED_GROWTH", "COST_COLUMNS", "DEFAULT_BATCH", "MAX_CELLS", "SUMMARY_COLUMNS", "Cell", "Grid",
+           "batch_tasks", "run_cell_batch", "stack_key",
            "adversary_label", "adversary_spec", "cell_count", "cell_dir", "cell_name", "cells", "compare",
            "cost_path", "finished", "grid_from_dict", "judge", "load_grid", "override", "parse_shape",
            "read_summary", "read_timing", "render", "run_cell", "storage_floor", "summarise", "sweep",
@@ -64,8 +65,8 @@ def compare(out: Path | str, grid: Grid, executor: str = "local", workers: int |
     Every cell not finished in out/cells/ runs (or resumes; all of them with `force`) on `executor`
     ("local": a pool of `workers` processes, default one per core; "ray": the cluster at `address`, or a
     local runtime; up to `batch` cells of one shape, precision and retraction stepped together, with the
-    files and numbers of cells run alone: sweep/batches.py), then out/summary.csv, cost.csv, report.md and the plots are written. A progress bar goes
-    to stderr when `progress` is true (None: only on a terminal).
+    files and numbers of cells run alone: sweep/batches.py), then out/summary.csv, cost.csv, report.md and
+    the plots are written. A progress bar goes to stderr when `progress` is true (None: only on a terminal).
 
     Returns {"rows": the summary rows, "cells", "computed", "wall_seconds", "cell_seconds", "executor",
     "workers", "computations"}. Raises PitcheckError for a grid or an --out that cannot be used, or a cell
