@@ -6,8 +6,8 @@ import sys
 
 from ..errors import PitcheckError
 from ..executors import EXECUTORS
-from ..sweep import (MAX_CELLS, Grid, compare, load_grid, override, parse_shape, t_instability_lines, table_lines,
-                     verdict_lines)
+from ..sweep import (DEFAULT_BATCH, MAX_CELLS, Grid, compare, load_grid, override, parse_shape, t_instability_lines,
+                     table_lines, verdict_lines)
 
 NEEDS_TORCH = True
 DEFAULT_OUT = "pitcheck-out/compare"
@@ -46,6 +46,9 @@ def add_compare_options(c: argparse.ArgumentParser) -> None:
     c.add_argument("--lr", type=float, default=None, help="one learning rate for every cell")
     c.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT}, under the "
                    "current directory)")
+    c.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N",
+                   help=f"step up to N cells of one shape, precision and retraction together (default "
+                   f"{DEFAULT_BATCH}; 1: every cell alone); each keeps its own files and numbers")
     c.add_argument("--force", action="store_true", help="recompute every cell instead of resuming")
     c.add_argument("--max-cells", type=int, default=MAX_CELLS, metavar="N",
                    help=f"refuse a grid of more cells than this (default {MAX_CELLS})")
@@ -96,7 +99,8 @@ def main(args) -> int:
     """The `compare` verb: prints the verdict and the table; 0, or 1 when a cell broke down."""
     progress = False if args.no_progress else None
     grid = grid_from_args(args)
-    info = compare(args.out, grid, args.executor, args.workers, args.address, args.force, progress)
+    info = compare(args.out, grid, args.executor, args.workers, args.address, args.force, progress,
+                   getattr(args, "batch", DEFAULT_BATCH))
     rows = info["rows"]
     print("\n".join(verdict_lines(rows)))
     print("\n".join([""] + t_instability_lines(rows)))

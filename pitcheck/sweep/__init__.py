@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .batches import DEFAULT_BATCH, batch_tasks, run_cell_batch, stack_key
 from .cells import Cell, cell_dir, cell_name, cells, cost_path, finished, run_cell
 from .grid import (AXES, MAX_CELLS, Grid, adversary_label, adversary_spec, cell_count, grid_from_dict, load_grid,
                    override, parse_shape)
@@ -48,7 +49,8 @@ from .runner import read_timing, sweep
 from .summary import COST_COLUMNS, SUMMARY_COLUMNS, read_summary, storage_floor, summarise
 from .verdict import BOUNDED_GROWTH, judge, t_instability_lines, verdict_lines, verdicts
 
-__all__ = ["AXES", "BOUNDED_GROWTH", "COST_COLUMNS", "MAX_CELLS", "SUMMARY_COLUMNS", "Cell", "Grid",
+__all__ = ["AXES", "BOUNDED_GROWTH", "COST_COLUMNS", "DEFAULT_BATCH", "MAX_CELLS", "SUMMARY_COLUMNS", "Cell", "Grid",
+           "batch_tasks", "run_cell_batch", "stack_key",
            "adversary_label", "adversary_spec", "cell_count", "cell_dir", "cell_name", "cells", "compare",
            "cost_path", "finished", "grid_from_dict", "judge", "load_grid", "override", "parse_shape",
            "read_summary", "read_timing", "render", "run_cell", "storage_floor", "summarise", "sweep",
@@ -56,19 +58,21 @@ __all__ = ["AXES", "BOUNDED_GROWTH", "COST_COLUMNS", "MAX_CELLS", "SUMMARY_COLUM
 
 
 def compare(out: Path | str, grid: Grid, executor: str = "local", workers: int | None = None,
-            address: str | None = None, force: bool = False, progress: bool | None = None) -> dict:
+            address: str | None = None, force: bool = False, progress: bool | None = None,
+            batch: int = DEFAULT_BATCH) -> dict:
     """Sweep the grid into `out` and report: which retraction, in which precision, at what cost.
 
     Every cell not finished in out/cells/ runs (or resumes; all of them with `force`) on `executor`
     ("local": a pool of `workers` processes, default one per core; "ray": the cluster at `address`, or a
-    local runtime), then out/summary.csv, cost.csv, report.md and the plots are written. A progress bar goes
-    to stderr when `progress` is true (None: only on a terminal).
+    local runtime; up to `batch` cells of one shape, precision and retraction stepped together, with the
+    files and numbers of cells run alone: sweep/batches.py), then out/summary.csv, cost.csv, report.md and
+    the plots are written. A progress bar goes to stderr when `progress` is true (None: only on a terminal).
 
     Returns {"rows": the summary rows, "cells", "computed", "wall_seconds", "cell_seconds", "executor",
     "workers", "computations"}. Raises PitcheckError for a grid or an --out that cannot be used, or a cell
     that could not run at all (after the others finish); a cell that breaks down is a result (its row says
     so, in "breakdowns").
     """
-    info = sweep(out, grid, executor, workers, address, force, progress)
+    info = sweep(out, grid, executor, workers, address, force, progress, batch)
     render(out, grid, info)
     return info

@@ -120,27 +120,35 @@ def run_cell(task: dict) -> dict:
     config = RunConfig.from_json(task["config"])
     result = {"name": task["name"], "status": "done", "error": None, "seconds": 0.0}
     t0 = time.perf_counter()
+    error = None
     try:
-        try:
-            # a cell not yet begun has no directory: it starts; one that has, resumes
-            run(config, task["dir"], resume=not task["force"] and Path(task["dir"]).exists(), progress=False,
-                force=task["force"])
-        except RunBreakdown:
+        # a cell not yet begun has no directory: it starts; one that has, resumes
+        run(config, task["dir"], resume=not task["force"] and Path(task["dir"]).exists(), progress=False,
+            force=task["force"])
+    except PitcheckError as exc:
+        error = exc
+    record_cost(task, config, result, error, time.perf_counter() - t0)
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+def record_cost(task: dict, config, result: dict, error: PitcheckError | None, seconds: float) -> None:
+    """The cell's status from how its run ended (a breakdown is a result, any other error is not) and, unless
+    it could not run, its step timed and written to its cost file with the run's `seconds`."""
+    try:
+        if isinstance(error, RunBreakdown):
             result["status"] = "breakdown"
-        seconds = time.perf_counter() - t0
+        elif error is not None:
+            raise error
         ms = time_steps(config)
         cost = {"ms_per_step": ms, "run_seconds": seconds, "pid": os.getpid(), "host": platform.node()}
         write_atomic(task["cost"], (json.dumps(cost, indent=1) + "\n").encode())
     except PitcheckError as exc:
         result.update(status="error", error=str(exc))
-    result["seconds"] = time.perf_counter() - t0
-    return result
-
-
 
 
 def needs_gpu(task: dict, cluster_gpus: bool) -> bool:
     """A cell runs on CUDA when its device says cuda, or says auto on the torch backend where GPUs are."""
-    config = task.get("config", {})
+    config = task["cells"][0].get("config", {}) if "cells" in task else task.get("config", {})
     device = str(config.get("device", "auto"))
     return device.startswith("cuda") or (device == "auto" and config.get("backend") == "torch" and cluster_gpus)

@@ -11,14 +11,19 @@ from ..errors import PitcheckError
 from ..executors import EXECUTORS, check_workers, map_tasks
 from ..progress import Progress
 from ..rundir import COMMIT, RUN_FILES, check_out_path, write_atomic
-from .cells import cell_dir, cells, cost_path, finished, needs_gpu, run_cell
+from .batches import DEFAULT_BATCH, batch_tasks, check_batch, run_task
+from .cells import cell_dir, cells, cost_path, finished, needs_gpu
 from .grid import Grid
 from .summary import COST_COLUMNS, SUMMARY_COLUMNS, sharded_columns, summarise, summary_csv
 
 
 def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | None = None,
-          address: str | None = None, force: bool = False, progress: bool | None = None) -> dict:
+          address: str | None = None, force: bool = False, progress: bool | None = None,
+          batch: int = DEFAULT_BATCH) -> dict:
     """Run every cell of the grid that is not finished (all of them with `force`), then summarise.
+
+    batch: at most this many cells of one shape, precision and retraction stepped together (sweep/batches.py;
+    1: every cell alone); their files and numbers are those of cells run alone.
 
     Returns {"rows": summary rows, "cells": n, "computed": n, "wall_seconds": s, "cell_seconds": s,
     "errors": [...]}. A cell that breaks down is a result (its row says so); a cell that cannot run at
@@ -28,6 +33,7 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
         raise PitcheckError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     if workers is not None:
         check_workers(workers)
+    check_batch(batch)
     if executor == "local" and address:
         raise PitcheckError("--address names a Ray cluster: use it with --executor ray")
     out = check_out_path(out)
@@ -47,13 +53,15 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     bar.update(bar.done)
     results = []
 
-    def on_result(result: dict) -> None:
-        results.append(result)
-        bar.advance(result["name"].rsplit("-", 1)[0][:60])  # the cell's name without its hash
+    def on_result(task_results: list[dict]) -> None:
+        for result in task_results:  # a batch's cells, or one cell
+            results.append(result)
+            bar.advance(result["name"].rsplit("-", 1)[0][:60])  # the cell's name without its hash
 
     t0 = time.perf_counter()
     try:
-        map_tasks(run_cell, tasks, on_result, executor, workers=workers, address=address, needs_gpu=needs_gpu)
+        map_tasks(run_task, batch_tasks(tasks, batch), on_result, executor, workers=workers, address=address,
+                  needs_gpu=needs_gpu)
     except KeyboardInterrupt:
         bar.enabled and sys.stderr.write("\n")
         raise PitcheckError(f"interrupted with {bar.done} of {bar.total} cells finished; each running cell saved "
@@ -67,7 +75,7 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
     write_atomic(out / "summary.csv", summary_csv(rows, sharded_columns(SUMMARY_COLUMNS, grid)))
     write_atomic(out / "cost.csv", summary_csv(rows, sharded_columns(COST_COLUMNS, grid)))
     used = min(check_workers(workers), max(1, len(todo))) if executor == "local" else (workers or "cluster's")
-    timing = {"executor": executor, "workers": used, "cells": len(all_cells), "computed": len(todo),
+    timing = {"executor": executor, "workers": used, "batch": batch, "cells": len(all_cells), "computed": len(todo),
               "wall_seconds": wall, "cell_seconds": sum(r["seconds"] for r in results)}
     # every invocation that computed something, in order: a re-render reports them too
     history = read_timing(out)

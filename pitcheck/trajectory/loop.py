@@ -123,6 +123,20 @@ class Trajectory:
         self._measure_row()
         self._commit()
 
+    # ---- for a batch of runs stepped together (trajectory/batched.py) ---------------------------
+    def record(self) -> None:
+        """Measure the current state and commit it: what the loop does at each recorded step."""
+        self._record()
+
+    def checkpoint(self) -> None:
+        """Commit the current state (rows unchanged): what the loop does when interrupted."""
+        self._commit()
+
+    def close(self) -> None:
+        """Release the directory's lock and the model, as run() does when it returns."""
+        self.store.close()
+        self.pair.close()
+
     def _step(self, grads: dict, shadow_grads: dict | None) -> None:
         """One step of model and shadow; a last step that, like every one before it, was skipped is a breakdown."""
         events = self.pair.step(grads, shadow_grads, self.step)

@@ -1,0 +1,231 @@
+"""Retractions on a stack of B memories (B x V x D), each the same arithmetic as its one-matrix form in
+retractions.py, so that a batched cell's numbers are the unbatched cell's bit for bit.
+
+Why bit for bit holds: torch's and numpy's batched matmul, QR, Cholesky, SVD, eigh and solves on the CPU
+run the one-matrix BLAS/LAPACK call once per matrix of the stack (measured equal at 128 x 8 and 32 x 4,
+float32 and float64: tests/test_batched.py runs whole cells both ways and compares their files), and every
+other operation here is elementwise. Each function mirrors its model in retractions.py line by line
+(a change there must be made here too: the equality tests fail otherwise).
+
+A retraction that can fail for one matrix (a Cholesky, polar-gram's singular Gram) reports a per-matrix
+`failed` mask instead of raising: the caller hands those cells back to the unbatched engine, which redoes
+the step and records the event. polar-ns (a data-dependent iteration count) and the approximate maps have
+no stacked form: their cells run unbatched.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+
+# torch's CPU bmm/baddbmm compute a product of fewer multiply-adds than this (rows x inner x columns) by a
+# loop of their own, not by the BLAS gemm that mm calls, and round differently (measured: D x D products at
+# D = 4 and 6 with a column-major operand, as LAPACK's solves return it); such products go matrix by matrix
+TORCH_BMM_OWN_LOOP_BELOW = 400
+
+
+class StackedOps:
+    """The stacked (B x ...) counterparts of an engine's Ops (arrays.py): matmul, casts and elementwise
+    functions are the engine's own (they broadcast); transposes, diagonals, concatenation, QR, Cholesky
+    and triangular solves act on the last two axes, matrix by matrix."""
+
+    def __init__(self, ops):
+        self.base = ops
+        self.torch = getattr(ops, "torch", None)
+        self.sqrt = ops.sqrt
+        self.tril, self.sign_nonzero, self.svd, self.eigh = ops.tril, ops.sign_nonzero, ops.svd, ops.eigh
+
+    def _small(self, a, b) -> bool:
+        return bool(self.torch) and a.shape[-2] * a.shape[-1] * b.shape[-1] < TORCH_BMM_OWN_LOOP_BELOW
+
+    def matmul(self, a, b):
+        if self._small(a, b):  # torch's own loop would round otherwise than mm's BLAS call: one mm each
+            return self.torch.stack([self.base.matmul(x, y) for x, y in zip(a, b)])
+        return self.base.matmul(a, b)
+
+    def t(self, x):
+        return x.transpose(-1, -2) if self.torch else np.swapaxes(x, -1, -2)
+
+    def diagonal(self, x):
+        return x.diagonal(0, -2, -1) if self.torch else np.diagonal(x, 0, -2, -1)
+
+    def diag_embed(self, d):
+        if self.torch:
+            return self.torch.diag_embed(d)
+        out = np.zeros(d.shape + d.shape[-1:], dtype=d.dtype)
+        idx = np.arange(d.shape[-1])
+        out[..., idx, idx] = d
+        return out
+
+    def on_diagonals(self, fn, x):
+        """fn (softplus, sigmoid) of each matrix's diagonal, one 1-D call per matrix as the engine makes it:
+        torch's vectorised exp and log round otherwise than its scalar path, and which one an element takes
+        depends on the tensor's length and strides (measured: a stacked diagonal differs from the matrix's
+        own at D = 32 with AVX512; with 8-wide AVX2 it would at D = 8)."""
+        base = self.base
+        return (self.torch.stack if self.torch else np.stack)([fn(base.diag(m)) for m in x])
+
+    def eye(self, n, like):
+        return self.base.eye(n, like)
+
+    def cat(self, xs, axis):
+        # a one-matrix axis, shifted past the stack's
+        return self.torch.cat(xs, dim=axis + 1) if self.torch else np.concatenate(xs, axis=axis + 1)
+
+    def contiguous(self, x):
+        return x.contiguous() if self.torch else np.ascontiguousarray(x)
+
+    def finite(self, x) -> np.ndarray:
+        """Per matrix: every entry finite (a bool array of B)."""
+        if self.torch and (x.device.type != "cpu" or x.dtype not in (self.torch.float32, self.torch.float64)):
+            return self.torch.isfinite(x).flatten(1).all(1).cpu().numpy()
+        # numpy on the CPU tensor's memory: one call where torch dispatches four (TorchOps.isfinite_all)
+        x = x.detach().numpy() if self.torch else x
+        return np.isfinite(x).reshape(x.shape[0], -1).all(1)
+
+    def qr(self, x):
+        # numpy's stacked QR is geqrf and orgqr per matrix, as arrays.householder_qr calls them
+        return self.torch.linalg.qr(x) if self.torch else np.linalg.qr(x)
+
+    def cholesky(self, x):
+        """(factors, failed mask): a failed matrix's factor is garbage, never an exception for the stack."""
+        if self.torch:
+            C, info = self.torch.linalg.cholesky_ex(x)
+            return C, (info != 0).cpu().numpy()
+        failed = np.zeros(x.shape[0], dtype=bool)
+        try:
+            return np.linalg.cholesky(x), failed
+        except np.linalg.LinAlgError:  # numpy raises for the stack: factor matrix by matrix
+            out = np.zeros_like(x)
+            for b in range(x.shape[0]):
+                try:
+                    out[b] = np.linalg.cholesky(x[b])
+                except np.linalg.LinAlgError:
+                    failed[b] = True
+            return out, failed
+
+    def solve_triangular(self, a, b, lower):
+        if self.torch:
+            return self.torch.linalg.solve_triangular(a, b, upper=not lower)
+        # scipy's trtrs has no stacked form here: one call per matrix, as the engine makes it
+        return np.stack([scipy.linalg.solve_triangular(a[k], b[k], lower=lower, check_finite=False)
+                         for k in range(a.shape[0])])
+
+    def solve(self, a, b):
+        return self.torch.linalg.solve(a, b) if self.torch else np.linalg.solve(a, b)
+
+    def add_products(self, Z, pairs):
+        """retractions._add_products: baddbmm where the engine fuses addmm (plain torch, same dtype)."""
+        base = self.base
+        plain = getattr(base, "name", "") == "torch" and base.matmul_format is None and base.matmul_dtype is None
+        if plain and Z.dtype == pairs[0][0].dtype and not any(self._small(A, B) for A, B in pairs):
+            out = self.torch.baddbmm(Z, *pairs[0])
+            for A, B in pairs[1:]:
+                out.baddbmm_(A, B)
+            return out
+        out = Z
+        for A, B in pairs:
+            out = out + self.matmul(A, B)
+        return out
+
+
+def _sym(a, ops: StackedOps):
+    return 0.5 * (a + ops.t(a))
+
+
+def tangent_projection(Z, G, ops: StackedOps):
+    return G - ops.matmul(Z, _sym(ops.matmul(ops.t(Z), G), ops))
+
+
+def _none_failed(Z) -> np.ndarray:
+    return np.zeros(Z.shape[0], dtype=bool)
+
+
+def stacked_qr(Z, xi, ops: StackedOps):
+    Q, R = ops.qr(Z + xi)
+    # row-major, as _scale_columns_into_row_major writes it (a column-major Z is another checkpoint file)
+    return ops.contiguous(Q * ops.sign_nonzero(ops.diagonal(R))[..., None, :]), _none_failed(Z)
+
+
+def _chol_gram(Y, ops: StackedOps):
+    return ops.cholesky(_sym(ops.matmul(ops.t(Y), Y), ops))
+
+
+def stacked_cholqr(Z, xi, ops: StackedOps):
+    Y = Z + xi
+    C, failed = _chol_gram(Y, ops)
+    return ops.contiguous(ops.t(ops.solve_triangular(C, ops.t(Y), lower=True))), failed
+
+
+def _upper_inverse_right(Y, C, ops: StackedOps):
+    eye = ops.eye(C.shape[-1], like=C)
+    Cinv = ops.solve_triangular(C, eye.expand(C.shape) if ops.torch else np.broadcast_to(eye, C.shape), lower=True)
+    return ops.contiguous(ops.matmul(Y, ops.t(Cinv)))
+
+
+def stacked_cholqr2(Z, xi, ops: StackedOps):
+    Y = Z + xi
+    C, failed = _chol_gram(Y, ops)
+    # a failed factor is garbage: its matrix is the unbatched engine's to redo; keep the stack finite
+    C = _replace_failed(C, failed, ops)
+    Y1 = _upper_inverse_right(Y, C, ops)
+    C1, failed1 = _chol_gram(Y1, ops)
+    C1 = _replace_failed(C1, failed1, ops)
+    return _upper_inverse_right(Y1, C1, ops), failed | failed1
+
+
+def _replace_failed(C, failed, ops: StackedOps):
+    if not failed.any():
+        return C
+    eye = ops.eye(C.shape[-1], like=C)
+    mask = ops.torch.from_numpy(failed).to(C.device)[:, None, None] if ops.torch else failed[:, None, None]
+    return ops.torch.where(mask, eye, C) if ops.torch else np.where(mask, eye, C)
+
+
+def stacked_polar(Z, xi, ops: StackedOps):
+    U, _, Vt = ops.svd(Z + xi)
+    return ops.matmul(U, Vt), _none_failed(Z)
+
+
+def stacked_polar_gram(Z, xi, ops: StackedOps):
+    Y = Z + xi
+    w, Q = ops.eigh(_sym(ops.matmul(ops.t(Y), Y), ops))
+    u = ops.base.dtype_unit_roundoff(w)
+    w_np = w.detach().cpu().numpy() if ops.torch else w
+    # retract_polar_gram's guard, per matrix (float(w.min()) there: the same comparison in float64)
+    failed = ~(w_np.min(-1).astype(np.float64) > Y.shape[-1] * u * w_np.max(-1).astype(np.float64))
+    return ops.matmul(Y, ops.matmul(Q / ops.sqrt(w)[..., None, :], ops.t(Q))), failed
+
+
+def stacked_cayley(Z, xi, ops: StackedOps):
+    mm, t = ops.matmul, ops.t
+    G, A, X = mm(t(Z), Z), mm(t(Z), xi), mm(t(xi), xi)
+    GA = mm(G, A)
+    Ztg = A - 0.5 * GA
+    gtg = X - mm(t(A), A) + 0.25 * mm(t(A), GA)
+    VtU = ops.cat([ops.cat([Ztg, G], 1), ops.cat([-gtg, -t(Ztg)], 1)], 0)
+    VtZ = ops.cat([G, -t(Ztg)], 0)
+    K = ops.solve(ops.eye(VtU.shape[-1], like=VtU) - 0.5 * VtU, VtZ)
+    D = Z.shape[-1]
+    K1, K2 = K[:, :D], K[:, D:]
+    return ops.add_products(Z, [(xi, K1), (Z, K2 - 0.5 * mm(A, K1))]), _none_failed(Z)
+
+
+def stacked_cayley_iter(Z, xi, ops: StackedOps, iterations: int = 2):
+    mm, t = ops.matmul, ops.t
+    g = xi - 0.5 * mm(Z, mm(t(Z), xi))
+
+    def apply_w(Y):
+        return mm(g, mm(t(Z), Y)) - mm(Z, mm(t(g), Y))
+
+    Y = Z + apply_w(Z)
+    for _ in range(iterations):
+        Y = Z + 0.5 * apply_w(Z + Y)
+    return Y, _none_failed(Z)
+
+
+# name -> stacked form; a retraction not named here runs its cells unbatched
+STACKED_RETRACTIONS = {
+    "qr": stacked_qr, "cholqr": stacked_cholqr, "cholqr2": stacked_cholqr2, "polar": stacked_polar,
+    "polar-gram": stacked_polar_gram, "cayley": stacked_cayley, "cayley-iter": stacked_cayley_iter,
+}

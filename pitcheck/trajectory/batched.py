@@ -1,0 +1,197 @@
+"""Runs stepped together: B trajectories of one shape, policy and retraction (differing in seed, adversary,
+learning rate, cond, teacher) advanced as one stacked computation (pitcheck.batched_engine), each still its
+own run directory, recorded, committed and resumable exactly as `run()` would (issue 16, item 3).
+
+Each run is a Trajectory built as usual (locked, resumed, checked); between records its model and shadow
+live in two stacks, and at each recorded step every run's engines are given their state back and the
+run records and commits itself. The gradients stay per run (each run's own seeded stream at its own
+stored state). The numbers are the unbatched run's bit for bit (tests/test_batched.py).
+
+What runs unbatched, by its own `run()`: a run whose engines have no stacked form
+(batched_engine.unstackable: baseline heads, Adam/momentum, fp16 loss scaling, placements, re-projection,
+stateful sources such as lm, polar-ns and the approximate maps, CUDA), the adaptive adversary (its probe
+steps the run's own engine), a run that resumed at another step than the others or already ended, and a
+run from the step where its step had an event (skipped step, failed retraction, breakdown): that run is
+handed back at its state before the step and goes on alone.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..batched_engine import StackedPit, unstackable
+from ..errors import PitcheckError
+from ..gradients import gradient, parse_adversary
+from ..threads import thread_policy
+from .config import recorded_steps
+from .loop import Trajectory
+
+
+@dataclass
+class Outcome:
+    """What became of one run of a batch: its rows, or the PitcheckError (RunBreakdown included) it ended in;
+    `batched_steps`: how many of its steps the stack computed."""
+    rows: list = field(default_factory=list)
+    error: PitcheckError | None = None
+    batched_steps: int = 0
+
+
+def why_alone(trajectory: Trajectory) -> str | None:
+    """Why this run cannot join a batch (None: it can)."""
+    if trajectory.broken or trajectory.step >= trajectory.config.steps:
+        return "nothing left to step"
+    if "adaptive" in parse_adversary(trajectory.config.adversary):
+        return "the adaptive adversary probes the run's own engine"
+    engines = [trajectory.engine] + ([trajectory.shadow] if trajectory.shadow else [])
+    return next((why for why in map(unstackable, engines) if why), None)
+
+
+def stack_signature(trajectory: Trajectory) -> tuple:
+    """What runs stepped as one stack must share besides their step: one policy, retraction and shape (the
+    stack's arithmetic is its first engine's), the shadow or none, and the recording schedule."""
+    c = trajectory.config
+    return (trajectory.step, c.backend, c.precision, c.retraction, c.vocab, c.dim, trajectory.engine.device,
+            trajectory.shadow is not None, c.steps, c.records_per_decade)
+
+
+def run_alone(trajectory: Trajectory, outcome: Outcome) -> None:
+    try:
+        outcome.rows = trajectory.run()
+    except PitcheckError as exc:
+        outcome.error = exc
+
+
+class StackedRuns:
+    """Runs at the same step, all stackable: stepped together until each ends or is handed back."""
+
+    def __init__(self, runs: list[Trajectory], outcomes: list[Outcome]):
+        self.runs, self.outcomes = list(runs), list(outcomes)
+        self.model = StackedPit([t.engine for t in runs])
+        self.shadow = StackedPit([t.shadow for t in runs]) if runs[0].shadow else None
+        # the engines' optimizer step counts when stacking began: a step of the stack adds one to each
+        self.opt_steps = [(t.engine.opt_step, t.shadow.opt_step if t.shadow else 0) for t in runs]
+        self.taken = 0
+        self.names = [parse_adversary(t.config.adversary) for t in runs]
+
+    def give_back(self, k: int, previous: bool = False) -> None:
+        """Run k's state (before the last step with `previous`) into its own engines."""
+        run, taken = self.runs[k], self.taken - (1 if previous else 0)
+        for stack, engine, start in ((self.model, run.engine, self.opt_steps[k][0]),
+                                     (self.shadow, run.shadow, self.opt_steps[k][1])):
+            if stack is not None:
+                stack.write_into(k, engine, previous)
+                engine.opt_step = start + taken
+        self.outcomes[k].batched_steps = taken
+
+    def gradients(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every run's gradients at its stored state (PitHead.model_gradients, run by run)."""
+        Z, L = self.model.stored()
+        grads = [gradient(names, Z[k], L[k], t.config.seed, step, t.config.adversary_params)
+                 for k, (t, names) in enumerate(zip(self.runs, self.names))]
+        return np.stack([g for g, _ in grads]), np.stack([np.tril(g) for _, g in grads])
+
+    def step(self) -> None:
+        """One step of every run; a run whose step the stack cannot take goes on alone from before it."""
+        step = self.runs[0].step
+        GZ, GL = self.gradients(step)
+        for stack in (self.model, self.shadow):
+            if stack is not None:
+                stack.hold()
+        try:
+            failed = self.model.step(GZ, GL)
+            if self.shadow is not None:  # the shadow follows the model: a run the model failed is handed back
+                failed |= self.shadow.step(GZ, GL)
+        except Exception:  # a stacked factorisation that raised for the stack (numpy's SVD, say): all go alone
+            failed = np.ones(len(self.runs), dtype=bool)
+        self.taken += 1
+        for t in self.runs:
+            t.step = step + 1
+        if failed.any():
+            self._hand_back(failed, step)
+
+    def _hand_back(self, failed: np.ndarray, step: int) -> None:
+        alone = []
+        for k in np.flatnonzero(failed):
+            self.give_back(k, previous=True)
+            self.runs[k].step = step
+            alone.append((self.runs[k], self.outcomes[k]))
+        keep = ~failed
+        self.runs = [t for t, ok in zip(self.runs, keep) if ok]
+        self.outcomes = [o for o, ok in zip(self.outcomes, keep) if ok]
+        self.opt_steps = [s for s, ok in zip(self.opt_steps, keep) if ok]
+        self.names = [n for n, ok in zip(self.names, keep) if ok]
+        if self.runs:
+            self.model.keep(keep)
+            if self.shadow is not None:
+                self.shadow.keep(keep)
+        for trajectory, outcome in alone:  # each redoes the step unbatched, records its event, goes on
+            run_alone(trajectory, outcome)
+
+    def record(self) -> None:
+        for k, t in enumerate(self.runs):
+            self.give_back(k)
+            t.record()
+
+    def run(self) -> None:
+        """Trajectory._run for the stack: records at the run's marks, SIGINT/SIGTERM taken between steps."""
+        cfg = self.runs[0].config
+        stop: list[int] = []
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda signum, _: stop.append(signum))
+        try:
+            marks = [s for s in recorded_steps(cfg.steps, cfg.records_per_decade) if s > self.runs[0].step]
+            for t in self.runs:
+                if t.step == 0 and not t.rows:
+                    t.record()
+            while self.runs and self.runs[0].step < cfg.steps:
+                if stop:
+                    self._interrupted()
+                    return
+                self.step()
+                if self.runs and marks and self.runs[0].step == marks[0]:
+                    marks.pop(0)
+                    self.record()
+            if self.runs and self.runs[0].rows[-1]["step"] != self.runs[0].step:
+                self.record()
+            for t, o in zip(self.runs, self.outcomes):
+                o.rows = t.rows
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _interrupted(self) -> None:
+        """Keep the work done: every run checkpoints this step, and says so as run() does."""
+        for k, (t, o) in enumerate(zip(self.runs, self.outcomes)):
+            self.give_back(k)
+            t.checkpoint()
+            o.error = PitcheckError(f"interrupted at step {t.step} of {t.out}, checkpoint saved; the same "
+                                    "command with --resume continues it (pitcheck compare resumes by itself)")
+
+
+def run_batch(trajectories: list[Trajectory], threads: int | None = None) -> list[Outcome]:
+    """Run (or resume) these trajectories, those that can be stacked together (same stack_signature) as one
+    stack; one Outcome each, in order. A run that cannot join (why_alone) or has no partner runs by itself first."""
+    outcomes = [Outcome() for _ in trajectories]
+    with thread_policy(threads):
+        stacks: dict[tuple, list[int]] = {}
+        for k, t in enumerate(trajectories):
+            if why_alone(t) is None:
+                stacks.setdefault(stack_signature(t), []).append(k)
+        stacked = {k for ks in stacks.values() if len(ks) > 1 for k in ks}
+        for k, t in enumerate(trajectories):
+            if k not in stacked:
+                run_alone(t, outcomes[k])
+        for ks in stacks.values():
+            if len(ks) < 2:
+                continue
+            try:
+                StackedRuns([trajectories[k] for k in ks], [outcomes[k] for k in ks]).run()
+            finally:
+                for k in ks:
+                    trajectories[k].close()
+    return outcomes

@@ -1,0 +1,48 @@
+"""The one-line plants of batched cells (issue 16, item 3; results/bench/BATCHED.md): each applied in place, the
+tests of tests/test_batched.py that should catch it run, the file restored; prints KILLED or SURVIVED per
+plant (every plant must be killed). Run from the repository root with the venv's python; a word of a plant's
+description picks a subset."""
+import subprocess, sys
+PLANTS = [
+ ("seeds: every cell's gradients drawn with the first cell's seed", "pitcheck/trajectory/batched.py",
+  "grads = [gradient(names, Z[k], L[k], t.config.seed, step,", "grads = [gradient(names, Z[k], L[k], self.runs[0].config.seed, step,",
+  "a_batch_writes and qr-fp32"),
+ ("lr: the first cell's learning rate applied to all", "pitcheck/batched_engine.py",
+  "lrs = np.array([e.settings.lr for e in engines]", "lrs = np.array([engines[0].settings.lr for e in engines]",
+  "a_batch_writes and qr-fp32"),
+ ("qr's result left column-major", "pitcheck/batched_retractions.py",
+  "return ops.contiguous(Q * ops.sign_nonzero(ops.diagonal(R))[..., None, :]), _none_failed(Z)",
+  "return Q * ops.sign_nonzero(ops.diagonal(R))[..., None, :], _none_failed(Z)", "a_batch_writes and qr-fp32"),
+ ("small products through torch's bmm loop", "pitcheck/batched_retractions.py",
+  "TORCH_BMM_OWN_LOOP_BELOW = 400", "TORCH_BMM_OWN_LOOP_BELOW = 0", "odd_dimensions"),
+ ("optimizer step count not advanced", "pitcheck/trajectory/batched.py",
+  "engine.opt_step = start + taken", "engine.opt_step = start", "a_batch_writes and qr-fp32"),
+ ("a failed cell handed back at its state after the step", "pitcheck/trajectory/batched.py",
+  "self.give_back(k, previous=True)", "self.give_back(k, previous=False)", "event"),
+ ("the shadow not stepped", "pitcheck/trajectory/batched.py",
+  "failed |= self.shadow.step(GZ, GL)", "pass", "a_batch_writes and qr-fp32"),
+ ("precision left out of the batch key", "pitcheck/sweep/batches.py",
+  "return (config.backend, config.precision, config.retraction,", "return (config.backend, config.retraction,",
+  "sweep_hands_out"),
+ ("softplus on the stacked diagonal", "pitcheck/batched_engine.py",
+  "ops.diag_embed(ops.on_diagonals(ops.base.softplus, raw))", "ops.diag_embed(ops.base.softplus(ops.diagonal(raw)))",
+  "odd_dimensions"),
+ ("L's diagonal breakdown not checked", "pitcheck/batched_engine.py",
+  "return ~(ops.finite(self.Z) & ops.finite(self.L) & positive)", "return ~(ops.finite(self.Z) & ops.finite(self.L))",
+  "event"),
+ ("resumed runs grouped without their step", "pitcheck/trajectory/batched.py",
+  "return (trajectory.step, c.backend,", "return (0, c.backend,", "different_steps"),
+ ("a run's stack chosen without its policy", "pitcheck/trajectory/batched.py",
+  "return (trajectory.step, c.backend, c.precision,", "return (trajectory.step, c.backend,", "different_policies"),
+]
+for why, path, old, new, sel in [p for p in PLANTS if len(sys.argv) < 2 or sys.argv[1] in p[0]]:
+    src = open(path).read()
+    assert src.count(old) == 1, (why, old)
+    open(path, "w").write(src.replace(old, new))
+    try:
+        r = subprocess.run([".venv/bin/python", "-m", "pytest", "-q", "-x", "tests/test_batched.py", "-k", sel],
+                           capture_output=True, text=True, timeout=600)
+        tail = [l for l in r.stdout.splitlines() if l.startswith("FAILED")][:1]
+        print(("KILLED " if r.returncode != 0 else "SURVIVED ") + why + " :: " + (tail[0] if tail else r.stdout.splitlines()[-1]), flush=True)
+    finally:
+        open(path, "w").write(src)

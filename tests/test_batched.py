@@ -1,0 +1,248 @@
+"""Batched cells (issue 16, item 3): runs stepped together as one stacked computation write the files of
+runs stepped alone, byte for byte; cells without a stacked form, and cells whose step has an event, run
+alone inside their batch; a killed batch resumes; the sweep hands out batches and its results do not change."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pitcheck import sweep as sw
+from pitcheck.errors import PitcheckError
+from pitcheck.gradients import AdversaryParams
+from pitcheck.threads import thread_policy
+from pitcheck.trajectory import RunBreakdown, RunConfig, Trajectory, run
+from pitcheck.trajectory.batched import run_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+STACKED = ["qr", "cholqr", "cholqr2", "polar", "polar-gram", "cayley", "cayley-iter"]
+PRECISIONS = ["fp64", "fp32", "tf32", "bf16", "bf16-mixed"]
+
+
+def run_files(d: Path) -> dict:
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"}
+
+
+def alone_and_batched(configs: list[RunConfig], tmp: Path):
+    """Each config run alone into tmp/alone<k> and all of them as one batch into tmp/batch<k>; returns the
+    batch's outcomes and each run's files both ways."""
+    with thread_policy(1):
+        for k, c in enumerate(configs):
+            try:
+                run(c, tmp / f"alone{k}", progress=False)
+            except RunBreakdown:
+                pass
+        outcomes = run_batch([Trajectory(c, tmp / f"batch{k}", progress=False) for k, c in enumerate(configs)])
+    return outcomes, [(run_files(tmp / f"alone{k}"), run_files(tmp / f"batch{k}")) for k in range(len(configs))]
+
+
+def four_cells(precision: str, retraction: str, vocab: int = 32, dim: int = 4, steps: int = 12) -> list[RunConfig]:
+    """Seeds, adversaries and learning rates differ: what a batch shares is shape, policy and retraction."""
+    return [RunConfig(precision=precision, retraction=retraction, vocab=vocab, dim=dim, steps=steps,
+                      records_per_decade=1, seed=seed, adversary=adversary, lr=lr)
+            for seed, adversary, lr in ((0, "gaussian", 0.01), (1, "gaussian", 0.05),
+                                        (2, "dense_output,sparse_input", 0.01), (3, "dense_output,sparse_input", 0.03))]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("retraction", STACKED)
+def test_a_batch_writes_the_files_of_its_cells_run_alone(tmp_path, precision, retraction):
+    outcomes, files = alone_and_batched(four_cells(precision, retraction), tmp_path)
+    assert [o.batched_steps for o in outcomes] == [12] * 4  # the stack computed every step
+    for alone, batched in files:
+        assert alone == batched  # metrics.csv, checkpoint.npz, events.jsonl, manifest.json, commit.json
+
+
+@pytest.mark.parametrize("retraction", ["cayley", "polar-gram", "cholqr2"])
+def test_odd_dimensions_too(tmp_path, retraction):
+    # D = 6 and 3: D x D products below torch's own-loop threshold; D = 32: softplus and sigmoid of L's
+    # diagonal on a full AVX512 vector (the stacked diagonal, strided, would take the scalar path)
+    for k, (vocab, dim) in enumerate(((40, 6), (24, 3), (64, 32))):
+        cells = four_cells("fp32", retraction, vocab, dim, steps=12)
+        _, files = alone_and_batched(cells, tmp_path / str(k))
+        assert all(a == b for a, b in files)
+
+
+def test_cells_without_a_stacked_form_run_alone_in_their_batch(tmp_path):
+    base = dict(precision="fp32", vocab=32, dim=4, steps=12, records_per_decade=2)
+    configs = [RunConfig(retraction="qr", seed=0, **base), RunConfig(retraction="qr", seed=1, **base),
+               RunConfig(retraction="qr", optimizer="momentum", **base),
+               RunConfig(retraction="qr", adversary="gaussian,adaptive", **base),
+               RunConfig(retraction="polar-ns", **base)]
+    outcomes, files = alone_and_batched(configs, tmp_path)
+    assert [o.batched_steps for o in outcomes] == [12, 12, 0, 0, 0]
+    assert all(a == b for a, b in files)
+
+
+def test_a_cell_whose_step_has_an_event_goes_on_alone_with_the_same_numbers(tmp_path):
+    base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
+    nonfinite = AdversaryParams(nonfinite_probability=0.3)
+    configs = [RunConfig(seed=0, **base), RunConfig(seed=1, adversary="nonfinite", adversary_params=nonfinite, **base),
+               # huge spikes at lr 1: T breaks down after a few stacked steps; handed back, the run records it
+               RunConfig(seed=2, adversary="spike", lr=1.0, **base,
+                         adversary_params=AdversaryParams(spike_probability=0.5, spike_scale=1000.0)),
+               RunConfig(seed=3, **base)]
+    outcomes, files = alone_and_batched(configs, tmp_path)
+    assert outcomes[0].batched_steps == outcomes[3].batched_steps == 30
+    assert outcomes[1].batched_steps < 30 and b"nonfinite_gradient" in files[1][1]["events.jsonl"]
+    assert isinstance(outcomes[2].error, RunBreakdown) and b"breakdown" in files[2][1]["events.jsonl"]
+    assert 0 < outcomes[2].batched_steps < 30
+    assert all(a == b for a, b in files)
+
+
+KILLED_BATCH = """
+import sys
+from pitcheck.threads import thread_policy
+from pitcheck.trajectory import RunConfig, Trajectory
+from pitcheck.trajectory.batched import run_batch
+configs = [RunConfig(precision="fp32", retraction="qr", vocab=16, dim=4, steps=2000, records_per_decade=10,
+                     seed=s) for s in range(3)]
+with thread_policy(1):
+    run_batch([Trajectory(c, f"{sys.argv[1]}/batch{k}", progress=False) for k, c in enumerate(configs)])
+"""
+
+
+def committed_step(d: Path) -> int:
+    try:
+        return json.loads((d / "commit.json").read_text())["step"]
+    except (OSError, ValueError):
+        return -1
+
+
+def test_a_batch_killed_by_sigkill_resumes_to_the_numbers_of_uninterrupted_runs(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BATCH, str(tmp_path)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not all(committed_step(tmp_path / f"batch{k}") >= 20 for k in range(3)):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    configs = [RunConfig(precision="fp32", retraction="qr", vocab=16, dim=4, steps=2000, records_per_decade=10,
+                         seed=s) for s in range(3)]
+    with thread_policy(1):
+        trajectories = [Trajectory(c, tmp_path / f"batch{k}", resume=True, progress=False)
+                        for k, c in enumerate(configs)]
+        assert 0 < min(t.step for t in trajectories) < 2000
+        run_batch(trajectories)
+        for k, c in enumerate(configs):
+            run(c, tmp_path / f"alone{k}", progress=False)
+    for k in range(3):
+        alone, resumed = run_files(tmp_path / f"alone{k}"), run_files(tmp_path / f"batch{k}")
+        for name in ("metrics.csv", "checkpoint.npz", "events.jsonl"):
+            assert alone[name] == resumed[name]
+
+
+def test_runs_of_different_policies_handed_over_together_are_not_stacked_together(tmp_path):
+    cells = four_cells("fp32", "qr")[:2] + four_cells("bf16", "qr")[2:]
+    outcomes, files = alone_and_batched(cells, tmp_path)
+    assert [o.batched_steps for o in outcomes] == [12] * 4  # two stacks of two
+    assert all(a == b for a, b in files)
+
+
+def test_runs_resumed_at_different_steps_are_batched_by_step(tmp_path):
+    configs = four_cells("fp32", "qr", steps=40)
+    with thread_policy(1):
+        for k, c in enumerate(configs):
+            run(c, tmp_path / f"alone{k}", progress=False)
+        # two runs interrupted at step 10, two at step 25 (checkpoints written as an interrupted run writes them)
+        for k, c in enumerate(configs):
+            t = Trajectory(c, tmp_path / f"batch{k}", progress=False)
+            stop = 10 if k < 2 else 25
+            outcome = run_batch_until(t, stop)
+            assert outcome == stop
+        outcomes = run_batch([Trajectory(c, tmp_path / f"batch{k}", resume=True, progress=False)
+                              for k, c in enumerate(configs)])
+    assert [o.batched_steps for o in outcomes] == [30, 30, 15, 15]
+    for k in range(4):
+        alone, batched = run_files(tmp_path / f"alone{k}"), run_files(tmp_path / f"batch{k}")
+        assert alone["checkpoint.npz"] == batched["checkpoint.npz"] and alone["metrics.csv"] == batched["metrics.csv"]
+
+
+def run_batch_until(trajectory: Trajectory, stop: int) -> int:
+    """Run alone until SIGINT arrives after step `stop` (the run commits that step and stops); the step committed."""
+    step = trajectory.pair.step
+
+    def step_then_interrupt(grads, shadow_grads, k):
+        events = step(grads, shadow_grads, k)
+        if k + 1 == stop:
+            signal.raise_signal(signal.SIGINT)
+        return events
+
+    trajectory.pair.step = step_then_interrupt
+    with pytest.raises(PitcheckError, match=f"interrupted at step {stop}"):
+        trajectory.run()
+    return committed_step(trajectory.out)
+
+
+GRID = """
+steps = 30
+records_per_decade = 4
+[axes]
+retraction = ["qr", "polar-ns"]
+precision = ["fp64", "fp32", "bf16", "fp16"]
+adversary = ["gaussian", "dense_output+sparse_input"]
+shape = ["16x4"]
+seed = [0, 1]
+"""
+
+
+def test_the_sweep_hands_out_batches_and_its_results_do_not_change(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text(GRID)
+    grid = sw.load_grid(path)
+    tasks = [{"name": c.name, "config": c.config.to_json()} for c in sw.cells(grid)]
+    handed = sw.batch_tasks(tasks, 3)
+    batches = [t for t in handed if "cells" in t]
+    # qr in fp64, fp32 and bf16: 4 cells each, in batches of 3 and 1; fp16 (loss scaling) and polar-ns alone
+    assert sorted(len(t["cells"]) for t in batches) == [3, 3, 3]
+    assert len(handed) == 32 - 9 + 3 and sw.batch_tasks(tasks, 1) == tasks
+    assert all(len({c["config"]["precision"] for c in t["cells"]}) == 1 for t in batches)
+    assert all("fp16" not in c["name"] and "polar-ns" not in c["name"] for t in batches for c in t["cells"])
+    alone = sw.sweep(tmp_path / "alone", grid, workers=2, progress=False, batch=1)
+    batched = sw.sweep(tmp_path / "batched", grid, workers=2, progress=False, batch=3)
+    assert alone["computed"] == batched["computed"] == 32
+    files = {}
+    for which in ("alone", "batched"):
+        cells = tmp_path / which / "cells"
+        files[which] = {str(p.relative_to(cells)): p.read_bytes() for p in cells.rglob("*")
+                        if p.is_file() and p.name != ".lock"}
+    assert files["alone"] == files["batched"]
+    assert (tmp_path / "alone" / "summary.csv").read_bytes() == (tmp_path / "batched" / "summary.csv").read_bytes()
+    assert len(list((tmp_path / "batched" / "costs").glob("*.json"))) == 32
+
+
+def test_bad_batch_is_one_line():
+    for bad in (0, -2, 1.5, True, "4"):
+        with pytest.raises(PitcheckError, match="--batch must be a positive integer") as info:
+            sw.batch_tasks([], bad)
+        assert "\n" not in str(info.value)
+
+
+def test_stack_key_keeps_only_the_stacked_class_and_small_shapes():
+    plain = RunConfig(precision="fp32", retraction="qr", vocab=128, dim=8)
+    assert sw.stack_key(plain) is not None
+    assert sw.stack_key(RunConfig(precision="fp32", retraction="qr", vocab=128, dim=8, seed=5, lr=0.3,
+                                  adversary="spike")) == sw.stack_key(plain)
+    for other in (dict(precision="fp16"), dict(optimizer="adam"), dict(retraction="polar-ns"), dict(head="tied",
+                  retraction="qr"), dict(vocab=2048, dim=32), dict(adversary="adaptive"), dict(reproject_every=5)):
+        config = {**dict(precision="fp32", retraction="qr", vocab=128, dim=8), **other}
+        if config.get("head") == "tied":
+            config["retraction"] = RunConfig.retraction
+        assert sw.stack_key(RunConfig(**config)) is None, other
+    assert sw.stack_key(RunConfig(precision="bf16", retraction="qr", vocab=128, dim=8)) != sw.stack_key(plain)
+
+
+def test_cli_refuses_a_bad_batch_before_anything_runs(tmp_path, capsys):
+    from pitcheck.cli import main
+
+    assert main(["compare", "--quick", "--batch", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--batch must be a positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
