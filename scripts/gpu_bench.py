@@ -169,6 +169,7 @@ def main():
         for r in rows:
             print(f"{V}x{D} {r['precision']:10s} {r['what']:16s} {r['ratio']:7.2f} GEMMs {r['ms']:8.3f} ms"
                   f"{'  emulated: ' + ', '.join(r['emulated']) if r['emulated'] else ''}", flush=True)
+        save(report, args.out)
     for shape in args.run_shapes.split(","):
         if not shape:
             continue
@@ -178,10 +179,14 @@ def main():
         for r in rows:
             print(f"{V}x{D} {r['precision']:10s} run step:qr {r['ratio']:8.1f} GEMMs (step {r['step_ms']:.3f} ms,"
                   f" record {r['record_ms']:.2f} ms, GEMM {r['gemm_ms']:.4f} ms)", flush=True)
-    text = json.dumps(report, indent=1)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+        save(report, args.out)
+
+
+def save(report, out):
+    """After every shape: a time limit that stops the script keeps what was measured."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ cat "$OUT/env.txt"
       tests/test_engine.py tests/test_placement.py 2>&1 | tail -25
   section "native float8 against the emulation"
   timeout 70 $PY scripts/native_float8_check.py --out "$OUT/native_float8.json" | tail -30
-  section "runs on CUDA (8192 x 128, 1000 steps, qr, Adam)"
+  section "runs on CUDA (8192 x 128, 500 steps, qr, Adam)"
   timeout 100 $PY scripts/gpu_runs.py --out "$OUT/runs.json"
   section "retractions and steps in GEMM units"
   timeout 110 $PY scripts/gpu_bench.py --out "$OUT/bench.json"

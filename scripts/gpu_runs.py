@@ -51,7 +51,7 @@ def main():
     ap.add_argument("--retraction", default="qr")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--cpu-steps", type=int, default=0, help="also run each precision this many steps on the CPU")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -66,10 +66,11 @@ def main():
                 row = {"precision": precision, "device": device, "error": f"{type(exc).__name__}: {exc}"[:300]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"torch": torch.__version__, "vocab": args.vocab, "dim": args.dim,
-                                              "retraction": args.retraction, "runs": rows}, indent=1) + "\n")
+            if args.out:  # after every run: a time limit that stops the script keeps what was measured
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(json.dumps({"torch": torch.__version__, "vocab": args.vocab,
+                                                      "dim": args.dim, "retraction": args.retraction,
+                                                      "runs": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
