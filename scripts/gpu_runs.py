@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pitcheck.errors import PitcheckError  # noqa: E402
 from pitcheck.policy import get_policy  # noqa: E402
 from pitcheck.trajectory import RunConfig, run  # noqa: E402
 
@@ -62,6 +63,10 @@ def main():
             steps = args.steps if device == "cuda" else args.cpu_steps
             try:
                 row = one(precision, device, args, steps)
+            except PitcheckError as exc:
+                if "interrupted" in str(exc):  # a time limit's SIGTERM: the run saved its checkpoint; stop here
+                    raise SystemExit(f"stopped at {precision} on {device}: {exc}") from None
+                row = {"precision": precision, "device": device, "error": f"{exc}"[:300]}
             except Exception as exc:  # noqa: BLE001 (a precision that fails on a device is a finding)
                 row = {"precision": precision, "device": device, "error": f"{type(exc).__name__}: {exc}"[:300]}
             rows.append(row)
