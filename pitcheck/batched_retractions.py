@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from .retractions import _plain_torch
+
 
 # torch's CPU bmm/baddbmm compute a product of fewer multiply-adds than this (rows x inner x columns) by a
 # loop of their own, not by the BLAS gemm that mm calls, and round differently (measured: D x D products at
@@ -116,9 +118,7 @@ class StackedOps:
 
     def add_products(self, Z, pairs):
         """retractions._add_products: baddbmm where the engine fuses addmm (plain torch, same dtype)."""
-        base = self.base
-        plain = getattr(base, "name", "") == "torch" and base.matmul_format is None and base.matmul_dtype is None
-        if plain and Z.dtype == pairs[0][0].dtype and not any(self._small(A, B) for A, B in pairs):
+        if _plain_torch(self.base) and Z.dtype == pairs[0][0].dtype and not any(self._small(A, B) for A, B in pairs):
             out = self.torch.baddbmm(Z, *pairs[0])
             for A, B in pairs[1:]:
                 out.baddbmm_(A, B)
