@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--heads", default="tied,untied,pit-qr,pit-cholqr2")
     parser.add_argument("--record-every", type=int, default=10)
+    parser.add_argument("--also", default=None, help="another study's smollm2.csv whose curves the figure also draws")
     args = parser.parse_args()
     apply_thread_policy(args.threads)
     options = dict(steps=args.steps, sequences=2, seq_len=32, eval_sequences=4,
@@ -41,7 +42,7 @@ def main() -> None:
                 "seconds": {k: round(v, 1) for k, v in seconds.items()},
                 "total_seconds": round(time.monotonic() - start, 1)})
     timings.write_text(json.dumps(log, indent=1) + "\n")
-    for name in write_study(out, args.runs):
+    for name in write_study(out, args.runs, also=args.also):
         print(name)
 
 

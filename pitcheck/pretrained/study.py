@@ -70,10 +70,24 @@ def plot_study(out: Path, curves: dict[str, list[dict]]) -> list[str]:
     return save_png_and_svg(plt, fig, out, "smollm2")
 
 
-def write_study(out: Path | str, runs: Path | str) -> list[str]:
-    """OUT/smollm2.csv (every recorded row of every run) and OUT/smollm2.png/.svg."""
+def read_summary(path: Path | str) -> dict[str, list[dict]]:
+    """The curves of a committed study's smollm2.csv (the inverse of summary_csv)."""
+    curves: dict[str, list[dict]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            label = row.pop("run")
+            curves.setdefault(label, []).append({k: (int(v) if k == "step" else float(v)) for k, v in row.items()})
+    if not curves:
+        raise PitcheckError(f"{path} holds no study rows")
+    return curves
+
+
+def write_study(out: Path | str, runs: Path | str, also: Path | str | None = None) -> list[str]:
+    """OUT/smollm2.csv (every recorded row of every run) and OUT/smollm2.png/.svg; with `also` (another
+    study's smollm2.csv, e.g. the same heads in another precision), the figure draws its curves too."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     curves = collect(runs)
     write_atomic(out / "smollm2.csv", summary_csv(curves))
-    return [str(out / "smollm2.csv")] + plot_study(out, curves)
+    drawn = {**read_summary(also), **curves} if also else curves
+    return [str(out / "smollm2.csv")] + plot_study(out, drawn)
