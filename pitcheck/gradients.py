@@ -10,6 +10,7 @@ any step regenerates exactly the gradients it would have seen.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Callable
@@ -114,9 +115,18 @@ def _gaussian(shape, rng):
     return rng.standard_normal(shape) / np.sqrt(np.prod(shape))
 
 
-def _zipf_ids(vocab: int, count: int, exponent: float, rng) -> np.ndarray:
+@functools.lru_cache(maxsize=32)
+def _zipf_probabilities(vocab: int, exponent: float) -> np.ndarray:
+    """p_k proportional to k^-exponent, computed once per (vocab, exponent): the same bits every call, so
+    the draws are those of recomputing it (V powers a step were a third of a small step's id draw)."""
     weights = 1.0 / np.arange(1, vocab + 1) ** exponent
-    return rng.choice(vocab, size=count, p=weights / weights.sum())
+    p = weights / weights.sum()
+    p.flags.writeable = False
+    return p
+
+
+def _zipf_ids(vocab: int, count: int, exponent: float, rng) -> np.ndarray:
+    return rng.choice(vocab, size=count, p=_zipf_probabilities(vocab, exponent))
 
 
 def _factor_gradient(GT, L):

@@ -531,3 +531,18 @@ def test_registering_a_parameter_that_does_not_exist_is_refused():
     assert "bogus" not in GRADIENT_MODELS
     with pytest.raises(PitcheckError, match="unknown gradient model 'bogus'"):
         default_params("bogus")
+
+
+def test_zipf_ids_from_cached_probabilities_are_the_uncached_draws():
+    """The cached p (issue 16: V powers a call were a third of a small step's id draw) draws the ids the
+    formula recomputed each call draws, from the same generator state; and nobody can write into it."""
+    from pitcheck.gradients import _zipf_ids, _zipf_probabilities
+
+    for V, s in ((7, 1.0), (2048, 1.1), (50000, 1.3)):
+        w = 1.0 / np.arange(1, V + 1) ** s
+        want = np.random.default_rng(3).choice(V, size=257, p=w / w.sum())
+        rng = np.random.default_rng(3)
+        assert np.array_equal(_zipf_ids(V, 257, s, rng), want)
+        assert np.array_equal(_zipf_ids(V, 257, s, np.random.default_rng(3)), want)  # the cached call
+        with pytest.raises(ValueError):
+            _zipf_probabilities(V, s)[0] = 1.0
