@@ -51,10 +51,10 @@ def why_alone(trajectory: Trajectory) -> str | None:
 
 def stack_signature(trajectory: Trajectory) -> tuple:
     """What runs stepped as one stack must share besides their step: one policy, retraction and shape (the
-    stack's arithmetic is its first engine's), the shadow or none, and the recording schedule."""
+    stack's arithmetic is its first engine's), the shadow's backend or none, and the recording schedule."""
     c = trajectory.config
     return (trajectory.step, c.backend, c.precision, c.retraction, c.vocab, c.dim, trajectory.engine.device,
-            trajectory.shadow is not None, c.steps, c.records_per_decade)
+            trajectory.pair.shadow_description, c.steps, c.records_per_decade)
 
 
 def run_alone(trajectory: Trajectory, outcome: Outcome) -> None:
