@@ -9,7 +9,8 @@ stored state). The numbers are the unbatched run's bit for bit (tests/test_batch
 
 What runs unbatched, by its own `run()`: a run whose engines have no stacked form
 (batched_engine.unstackable: baseline heads, Adam/momentum, fp16 loss scaling, placements, re-projection,
-stateful sources such as lm, polar-ns and the approximate maps, CUDA), the adaptive adversary (its probe
+stateful sources such as lm, polar-ns and the approximate maps, CUDA: a CUDA run's torch float64 shadow
+has no stacked form either), the adaptive adversary (its probe
 steps the run's own engine), a run that resumed at another step than the others or already ended, and a
 run from the step where its step had an event (skipped step, failed retraction, breakdown): that run is
 handed back at its state before the step and goes on alone.

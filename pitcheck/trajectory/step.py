@@ -1,5 +1,6 @@
 """The run's model and, on the torch backend, its float64 shadow, stepped in lockstep on one gradient
-stream: the shadow takes exactly the steps the model takes, so their distance measures the precision."""
+stream: the shadow takes exactly the steps the model takes, so their distance measures the precision.
+The shadow is numpy float64 on the CPU, torch float64 on the model's device on CUDA (shadow_engine_placement)."""
 from __future__ import annotations
 
 import numpy as np
