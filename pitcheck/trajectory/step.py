@@ -83,9 +83,8 @@ class Lockstep:
         self.policy = get_policy(config.precision)
         self.engine = make_engine(config, config.backend, self.policy, config.device)
         self.shadow = None
-        self.shadow_placement = None  # (backend, device) of the shadow, where there is one
         if config.backend == "torch" and config.shadow:
-            backend, device = self.shadow_placement = shadow_engine_placement(config)
+            backend, device = shadow_engine_placement(config)
             self.shadow = make_engine(config, backend, get_policy("fp64"), device)
         # the initial state is also the template a checkpoint must match
         Z0, L0 = initial_state(config)
