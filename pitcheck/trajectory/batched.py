@@ -9,7 +9,8 @@ stored state). The numbers are the unbatched run's bit for bit (tests/test_batch
 
 What runs unbatched, by its own `run()`: a run whose engines have no stacked form
 (batched_engine.unstackable: baseline heads, Adam/momentum, fp16 loss scaling, placements, re-projection,
-stateful sources such as lm, polar-ns and the approximate maps, CUDA), the adaptive adversary (its probe
+stateful sources such as lm, polar-ns and the approximate maps, CUDA: a CUDA run's torch float64 shadow
+has no stacked form either), the adaptive adversary (its probe
 steps the run's own engine), a run that resumed at another step than the others or already ended, and a
 run from the step where its step had an event (skipped step, failed retraction, breakdown): that run is
 handed back at its state before the step and goes on alone.
@@ -51,10 +52,10 @@ def why_alone(trajectory: Trajectory) -> str | None:
 
 def stack_signature(trajectory: Trajectory) -> tuple:
     """What runs stepped as one stack must share besides their step: one policy, retraction and shape (the
-    stack's arithmetic is its first engine's), the shadow or none, and the recording schedule."""
+    stack's arithmetic is its first engine's), the shadow's backend or none, and the recording schedule."""
     c = trajectory.config
     return (trajectory.step, c.backend, c.precision, c.retraction, c.vocab, c.dim, trajectory.engine.device,
-            trajectory.shadow is not None, c.steps, c.records_per_decade)
+            trajectory.pair.shadow_description, c.steps, c.records_per_decade)
 
 
 def run_alone(trajectory: Trajectory, outcome: Outcome) -> None:

@@ -66,6 +66,8 @@ def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs
         "policy": pair.policy.describe(),
         "device": engine.device,
         "emulated": engine.emulated,
+        # where the float64 shadow ran: numpy on the CPU, torch on the model's CUDA device (None: no shadow)
+        "shadow": pair.shadow_description,
         "torch_cpu_threads": engine.arrays.torch.get_num_threads() if engine.backend == "torch" and engine.device == "cpu" else None,
         "extended_precision_bits": EXTENDED_BITS,
         "versions": versions(),

@@ -1,10 +1,11 @@
 """The run's model and, on the torch backend, its float64 shadow, stepped in lockstep on one gradient
-stream: the shadow takes exactly the steps the model takes, so their distance measures the precision."""
+stream: the shadow takes exactly the steps the model takes, so their distance measures the precision.
+The shadow is numpy float64 on the CPU, torch float64 on the model's device on CUDA (shadow_engine_placement)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..engine import Engine, StateBreakdown
+from ..engine import Engine, StateBreakdown, resolve_device
 from ..errors import PitcheckError
 from ..events import skips_step
 from ..heads import get_head
@@ -23,6 +24,27 @@ def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
     if source:
         engine.source = source.build(config, engine)
     return engine
+
+
+def shadow_engine_placement(config: RunConfig) -> tuple[str, str]:
+    """Where a torch run's float64 shadow runs: (backend, device) for make_engine.
+
+    With the model on a CUDA device, torch float64 on that same device: a numpy shadow there would put a
+    float64 step on one CPU thread beside every GPU step (at 8192 x 128 fp32 qr Adam on an H200, 220 ms a
+    run step against the model's 28 ms, almost all of it the shadow's QR). On the CPU, numpy float64 on the
+    CPU, as every committed CPU result was produced (scripts/shadow_backend.py measured the choice there).
+    Either way the shadow steps on the model's numpy float64 gradients; only its arithmetic's device moves.
+    Tests monkeypatch this function to run a torch float64 shadow on the CPU.
+    """
+    device = resolve_device(config.device)
+    if device.startswith("cuda"):
+        return "torch", device
+    return "numpy", "cpu"
+
+
+def describe_shadow(backend: str, device: str) -> str:
+    """The manifest's words for where the shadow ran, e.g. 'torch float64 on cuda'."""
+    return f"{backend} float64 on {device}"
 
 
 def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +84,8 @@ class Lockstep:
         self.engine = make_engine(config, config.backend, self.policy, config.device)
         self.shadow = None
         if config.backend == "torch" and config.shadow:
-            self.shadow = make_engine(config, "numpy", get_policy("fp64"), "cpu")
+            backend, device = shadow_engine_placement(config)
+            self.shadow = make_engine(config, backend, get_policy("fp64"), device)
         # the initial state is also the template a checkpoint must match
         Z0, L0 = initial_state(config)
         self.engine.initialise(Z0, L0)
@@ -72,6 +95,11 @@ class Lockstep:
         if self.shadow:
             self.shadow.initialise(Z0, L0)
         self._before = None
+
+    @property
+    def shadow_description(self) -> str | None:
+        """Where the shadow runs, in words for the manifest ('numpy float64 on cpu'); None without one."""
+        return describe_shadow(self.shadow.backend, self.shadow.device) if self.shadow else None
 
     @property
     def not_applicable(self) -> set[str]:
