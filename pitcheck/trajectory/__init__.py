@@ -6,7 +6,8 @@ and checkpoint.npz (the state at the last commit). Every recorded step is one co
 so a run killed at any instant leaves a consistent directory that `resume=True` continues with
 identical results; SIGINT and SIGTERM let the step in progress finish and commit it first. Resuming
 checks everything it loads against this run's config and state, and refuses with the reason.
-A torch run also steps a float64 numpy shadow on the same gradient stream and reports its distance.
+A torch run also steps a float64 shadow on the same gradient stream (numpy on the CPU, torch float64 on the
+model's GPU: trajectory.step.shadow_engine_placement) and reports its distance.
 
 The parts, one concept each: config (RunConfig and its refusals), teacher (reading a teacher embedding),
 memory (refusing a V x D that cannot fit), step (the model and its shadow in lockstep), checkpoint (the

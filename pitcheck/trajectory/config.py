@@ -49,7 +49,7 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     records_per_decade: int = 10
-    shadow: bool = True  # torch backend: step a float64 numpy shadow alongside
+    shadow: bool = True  # torch backend: step a float64 shadow alongside (numpy; torch float64 on CUDA)
     shards: int = 1  # > 1: Z row-sharded over this many gloo ranks (trajectory/sharded.py)
     pad_multiple: int = 0  # sharded: pad the vocabulary with zero rows to a multiple of this times shards
     allreduce_dtype: str = ""  # sharded: the dtype sums cross the ranks in ("": the tensors' own)
