@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from .retractions import _plain_torch
+from .retractions import _plain_torch, _sum_products
 
 
 # torch's CPU bmm/baddbmm compute a product of fewer multiply-adds than this (rows x inner x columns) by a
@@ -118,15 +118,10 @@ class StackedOps:
 
     def add_products(self, Z, pairs):
         """retractions._add_products: baddbmm where the engine fuses addmm (plain torch, same dtype)."""
-        if _plain_torch(self.base) and Z.dtype == pairs[0][0].dtype and not any(self._small(A, B) for A, B in pairs):
-            out = self.torch.baddbmm(Z, *pairs[0])
-            for A, B in pairs[1:]:
-                out.baddbmm_(A, B)
-            return out
-        out = Z
-        for A, B in pairs:
-            out = out + self.matmul(A, B)
-        return out
+        fuse = (_plain_torch(self.base) and Z.dtype == pairs[0][0].dtype
+                and not any(self._small(A, B) for A, B in pairs))
+        return _sum_products(Z, pairs, self.matmul,
+                             (self.torch.baddbmm, self.torch.Tensor.baddbmm_) if fuse else None)
 
 
 def _sym(a, ops: StackedOps):

@@ -159,18 +159,25 @@ def _plain_torch(ops) -> bool:
     return getattr(ops, "name", "") == "torch" and ops.matmul_format is None and ops.matmul_dtype is None
 
 
-def _add_products(Z, pairs, ops):
-    """Z + sum(A @ B for A, B in pairs), fused into addmm calls where that is exact."""
-    if _plain_torch(ops) and Z.dtype == pairs[0][0].dtype:
-        torch = ops.torch
-        out = torch.addmm(Z, *pairs[0])
+def _sum_products(Z, pairs, matmul, fused=None):
+    """Z + sum(A @ B for A, B in pairs): with fused = (first, accumulate), e.g. (addmm, addmm_), one fused
+    call per product; else the namespace's matmul and adds. Shared with the stacked forms (baddbmm)."""
+    if fused:
+        first, accumulate = fused
+        out = first(Z, *pairs[0])
         for A, B in pairs[1:]:
-            out.addmm_(A, B)
+            accumulate(out, A, B)
         return out
     out = Z
     for A, B in pairs:
-        out = out + ops.matmul(A, B)
+        out = out + matmul(A, B)
     return out
+
+
+def _add_products(Z, pairs, ops):
+    """Z + sum(A @ B for A, B in pairs), fused into addmm calls where that is exact."""
+    fuse = _plain_torch(ops) and Z.dtype == pairs[0][0].dtype
+    return _sum_products(Z, pairs, ops.matmul, (ops.torch.addmm, ops.torch.Tensor.addmm_) if fuse else None)
 
 
 def _upper_inverse_right(Y, C, ops):
