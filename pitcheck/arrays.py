@@ -208,6 +208,15 @@ def round_float32(x, fmt: Format):
     return torch.where(torch.isfinite(x), y, x)
 
 
+def linalg_errors() -> tuple[type, ...]:
+    """The exceptions numpy's and torch's factorisations raise when one fails (an eigensolver that does not
+    converge, a singular solve): a retraction's failure, which a run records and skips, not a crash."""
+    import sys
+
+    torch = sys.modules.get("torch")  # only a run that has loaded torch can get torch's error
+    return (np.linalg.LinAlgError,) + ((torch.linalg.LinAlgError,) if torch is not None else ())
+
+
 def ops_for(x) -> NumpyOps | TorchOps:
     if type(x).__module__.startswith("torch"):
         return TorchOps()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import linalg_errors
 from .backend import ArrayBackend
 from .errors import PitcheckError
 from .gradients import gradient
@@ -131,6 +132,10 @@ class PitHead:
             Z_new = self.retract(Z, xi, ops)
         except RetractionError as exc:
             return None, [{"event": "retraction_failed", "message": str(exc), "action": "step skipped"}]
+        except linalg_errors() as exc:  # the library's factorisation itself failed (eigh not converging, say)
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            message = f"{s.retraction}: {type(exc).__name__.lstrip('_')}: {first_line}"  # torch's is _LinAlgError
+            return None, [{"event": "retraction_failed", "message": message, "action": "step skipped"}]
         events = []
         if s.reproject_every and (step_index + 1) % s.reproject_every == 0:
             Z_new = reproject(Z_new, ops)

@@ -360,6 +360,38 @@ def test_a_nonfinite_master_is_not_committed():
     np.testing.assert_array_equal(_master(eng)["raw"], _raw(L0))
 
 
+@pytest.mark.parametrize("backend, error", [("numpy", np.linalg.LinAlgError("Eigenvalues did not converge")),
+                                             ("torch", torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to "
+                                                                                "converge (error code: 7)"))])
+def test_a_factorisation_the_library_gives_up_on_is_a_failed_retraction_not_a_crash(backend, error, monkeypatch):
+    """The default compare grid at 10^4 steps met torch's eigh failing to converge inside polar-gram (an
+    ill-conditioned Gram) and crashed with a traceback: the library's own linalg error is a retraction that
+    failed, recorded and skipped like one that pitcheck detects itself."""
+    eng = _engine("sgd", lr=0.1, retraction="polar-gram", backend=backend,
+                  precision="fp64" if backend == "numpy" else "fp32")
+    before = _master(eng)["Z"]
+
+    def gives_up(x):
+        raise error
+
+    monkeypatch.setattr(eng.model.ops if hasattr(eng.model, "ops") else eng.ops, "eigh", gives_up)
+    events = eng.step({"Z": GZ, "L": np.zeros_like(L0)}, 0)
+    assert [e["event"] for e in events] == ["retraction_failed"] and events[0]["action"] == "step skipped"
+    assert events[0]["message"].startswith("polar-gram: LinAlgError") and "converge" in events[0]["message"]
+    np.testing.assert_array_equal(_master(eng)["Z"], before)
+
+
+def test_an_error_that_is_not_the_librarys_linalg_failure_still_raises(monkeypatch):
+    eng = _engine("sgd", lr=0.1, retraction="polar-gram")
+
+    def broken(x):
+        raise TypeError("a bug, not a failed factorisation")
+
+    monkeypatch.setattr(eng.model.ops if hasattr(eng.model, "ops") else eng.ops, "eigh", broken)
+    with pytest.raises(TypeError):
+        eng.step({"Z": GZ, "L": np.zeros_like(L0)}, 0)
+
+
 def test_a_failed_retraction_is_an_event_and_the_state_stays():
     eng = _engine("sgd", lr=1.0, retraction="polar-ns")
     events = eng.step({"Z": 50 * GZ, "L": np.zeros_like(L0)}, 0)
