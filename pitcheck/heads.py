@@ -130,11 +130,9 @@ class PitHead:
             return None, [{"event": "nonfinite_state", "action": "step skipped"}]
         try:
             Z_new = self.retract(Z, xi, ops)
-        except RetractionError as exc:
-            return None, [{"event": "retraction_failed", "message": str(exc), "action": "step skipped"}]
-        except linalg_errors() as exc:  # the library's factorisation itself failed (eigh not converging, say)
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            message = f"{s.retraction}: {type(exc).__name__.lstrip('_')}: {first_line}"  # torch's is _LinAlgError
+        except (RetractionError, *linalg_errors()) as exc:  # pitcheck's own checks, or the library giving up
+            message = str(exc) if isinstance(exc, RetractionError) else (  # torch's class is _LinAlgError
+                f"{s.retraction}: {type(exc).__name__.lstrip('_')}: {(str(exc).splitlines() or [''])[0]}")
             return None, [{"event": "retraction_failed", "message": message, "action": "step skipped"}]
         events = []
         if s.reproject_every and (step_index + 1) % s.reproject_every == 0:
