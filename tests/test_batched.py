@@ -3,6 +3,7 @@ runs stepped alone, byte for byte; cells without a stacked form, and cells whose
 alone inside their batch; a killed batch resumes; the sweep hands out batches and its results do not change."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -79,7 +80,7 @@ def test_cells_without_a_stacked_form_run_alone_in_their_batch(tmp_path):
     assert all(a == b for a, b in files)
 
 
-def test_a_cell_whose_step_has_an_event_goes_on_alone_with_the_same_numbers(tmp_path):
+def test_a_cell_whose_step_has_an_event_takes_it_alone_and_rejoins_with_the_same_numbers(tmp_path):
     base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
     nonfinite = AdversaryParams(nonfinite_probability=0.3)
     configs = [RunConfig(seed=0, **base), RunConfig(seed=1, adversary="nonfinite", adversary_params=nonfinite, **base),
@@ -89,10 +90,32 @@ def test_a_cell_whose_step_has_an_event_goes_on_alone_with_the_same_numbers(tmp_
                RunConfig(seed=3, **base)]
     outcomes, files = alone_and_batched(configs, tmp_path)
     assert outcomes[0].batched_steps == outcomes[3].batched_steps == 30
-    assert outcomes[1].batched_steps < 30 and b"nonfinite_gradient" in files[1][1]["events.jsonl"]
+    # every step but those with the event was the stack's: the run rejoined it after each
+    skipped = files[1][1]["events.jsonl"].count(b"nonfinite_gradient")
+    assert skipped >= 2 and outcomes[1].batched_steps == 30 - skipped
     assert isinstance(outcomes[2].error, RunBreakdown) and b"breakdown" in files[2][1]["events.jsonl"]
     assert 0 < outcomes[2].batched_steps < 30
     assert all(a == b for a, b in files)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp16-mixed"])
+def test_loss_scaled_cells_keep_their_own_scales_in_the_stack(tmp_path, monkeypatch, precision):
+    # the scale doubles every 4 clean steps (GradScaler's 2000, shortened): overflows, halvings and growth
+    # come again and again, at different steps in different cells
+    monkeypatch.setattr("pitcheck.amp.LOSS_SCALE_GROWTH_INTERVAL", 4)
+    cells = four_cells(precision, "qr", steps=40)
+    cells = [dataclasses.replace(c, records_per_decade=40) for c in cells]
+    outcomes, files = alone_and_batched(cells, tmp_path)
+    overflows = [batched["events.jsonl"].count(b"gradient_overflow") for _, batched in files]
+    assert all(n >= 2 for n in overflows)
+    assert [o.batched_steps for o in outcomes] == [40 - n for n in overflows]
+    scales = [[row.split(",")[header.index("loss_scale")] for row in rows]
+              for header, *rows in ([line.split(",") if i == 0 else line
+                                     for i, line in enumerate(batched["metrics.csv"].decode().splitlines())]
+                                    for _, batched in files)]
+    assert len(set(map(tuple, scales))) > 1 and all(len(set(s)) > 1 for s in scales)
+    for alone, batched in files:
+        assert alone == batched
 
 
 KILLED_BATCH = """
@@ -201,11 +224,11 @@ def test_the_sweep_hands_out_batches_and_its_results_do_not_change(tmp_path):
     tasks = [{"name": c.name, "config": c.config.to_json()} for c in sw.cells(grid)]
     handed = sw.batch_tasks(tasks, 3)
     batches = [t for t in handed if "cells" in t]
-    # qr in fp64, fp32 and bf16: 4 cells each, in batches of 3 and 1; fp16 (loss scaling) and polar-ns alone
-    assert sorted(len(t["cells"]) for t in batches) == [3, 3, 3]
-    assert len(handed) == 32 - 9 + 3 and sw.batch_tasks(tasks, 1) == tasks
+    # qr in fp64, fp32, bf16 and fp16 (loss scaling, per cell): 4 cells each, in batches of 3 and 1; polar-ns alone
+    assert sorted(len(t["cells"]) for t in batches) == [3, 3, 3, 3]
+    assert len(handed) == 32 - 12 + 4 and sw.batch_tasks(tasks, 1) == tasks
     assert all(len({c["config"]["precision"] for c in t["cells"]}) == 1 for t in batches)
-    assert all("fp16" not in c["name"] and "polar-ns" not in c["name"] for t in batches for c in t["cells"])
+    assert all("polar-ns" not in c["name"] for t in batches for c in t["cells"])
     alone = sw.sweep(tmp_path / "alone", grid, workers=2, progress=False, batch=1)
     batched = sw.sweep(tmp_path / "batched", grid, workers=2, progress=False, batch=3)
     assert alone["computed"] == batched["computed"] == 32
@@ -231,7 +254,8 @@ def test_stack_key_keeps_only_the_stacked_class_and_small_shapes():
     assert sw.stack_key(plain) is not None
     assert sw.stack_key(RunConfig(precision="fp32", retraction="qr", vocab=128, dim=8, seed=5, lr=0.3,
                                   adversary="spike")) == sw.stack_key(plain)
-    for other in (dict(precision="fp16"), dict(optimizer="adam"), dict(retraction="polar-ns"), dict(head="tied",
+    assert sw.stack_key(RunConfig(precision="fp16", retraction="qr", vocab=128, dim=8)) is not None
+    for other in (dict(optimizer="adam"), dict(retraction="polar-ns"), dict(head="tied",
                   retraction="qr"), dict(vocab=2048, dim=32), dict(adversary="adaptive"), dict(reproject_every=5)):
         config = {**dict(precision="fp32", retraction="qr", vocab=128, dim=8), **other}
         if config.get("head") == "tied":

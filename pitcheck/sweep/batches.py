@@ -37,7 +37,7 @@ def check_batch(batch) -> int:
 def stack_key(config: RunConfig) -> tuple | None:
     """What the cells of one batch must share (None: this cell has no stacked form: it runs alone)."""
     policy = get_policy(config.precision)
-    alone = (config.head != "pit" or config.optimizer != "sgd" or policy.loss_scaling or policy.placement
+    alone = (config.head != "pit" or config.optimizer != "sgd" or policy.placement
              or config.reproject_every or config.reproject_threshold or config.shards != 1
              or config.retraction not in STACKED_RETRACTIONS or stateful_source(config.adversary)
              or "adaptive" in parse_adversary(config.adversary) or config.device.startswith("cuda")

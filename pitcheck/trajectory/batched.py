@@ -8,12 +8,12 @@ run records and commits itself. The gradients stay per run (each run's own seede
 stored state). The numbers are the unbatched run's bit for bit (tests/test_batched.py).
 
 What runs unbatched, by its own `run()`: a run whose engines have no stacked form
-(batched_engine.unstackable: baseline heads, Adam/momentum, fp16 loss scaling, placements, re-projection,
-stateful sources such as lm, polar-ns and the approximate maps, CUDA: a CUDA run's torch float64 shadow
-has no stacked form either), the adaptive adversary (its probe
-steps the run's own engine), a run that resumed at another step than the others or already ended, and a
-run from the step where its step had an event (skipped step, failed retraction, breakdown): that run is
-handed back at its state before the step and goes on alone.
+(batched_engine.unstackable: baseline heads, Adam/momentum, placements, re-projection, stateful sources
+such as lm, polar-ns and the approximate maps, CUDA: a CUDA run's torch float64 shadow has no stacked form
+either), the adaptive adversary (its probe steps the run's own engine), and a run that resumed at another
+step than the others or already ended. A step with an event (a skipped step, a gradient overflow that
+halves the loss scale, a failed retraction) is handed back: the run takes that one step alone, from its
+state before it, records what happened, and rejoins the stack; a breakdown ends the run there.
 """
 from __future__ import annotations
 
@@ -72,20 +72,24 @@ class StackedRuns:
         self.runs, self.outcomes = list(runs), list(outcomes)
         self.model = StackedPit([t.engine for t in runs])
         self.shadow = StackedPit([t.shadow for t in runs]) if runs[0].shadow else None
-        # the engines' optimizer step counts when stacking began: a step of the stack adds one to each
-        self.opt_steps = [(t.engine.opt_step, t.shadow.opt_step if t.shadow else 0) for t in runs]
-        self.taken = 0
+        # each run's engines' optimizer step counts when it (re)joined the stack, and the stack's steps of it
+        # since: a step of the stack adds one to each count
+        self.opt_steps = [self._opt_steps(t) for t in runs]
+        self.since = [0] * len(runs)
         self.names = [parse_adversary(t.config.adversary) for t in runs]
+
+    @staticmethod
+    def _opt_steps(run: Trajectory) -> tuple[int, int]:
+        return run.engine.opt_step, run.shadow.opt_step if run.shadow else 0
 
     def give_back(self, k: int, previous: bool = False) -> None:
         """Run k's state (before the last step with `previous`) into its own engines."""
-        run, taken = self.runs[k], self.taken - (1 if previous else 0)
+        run, since = self.runs[k], self.since[k] - (1 if previous else 0)
         for stack, engine, start in ((self.model, run.engine, self.opt_steps[k][0]),
                                      (self.shadow, run.shadow, self.opt_steps[k][1])):
             if stack is not None:
                 stack.write_into(k, engine, previous)
-                engine.opt_step = start + taken
-        self.outcomes[k].batched_steps = taken
+                engine.opt_step = start + since
 
     def gradients(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Every run's gradients at its stored state (PitHead.model_gradients, run by run)."""
@@ -107,29 +111,45 @@ class StackedRuns:
                 failed |= self.shadow.step(GZ, GL)
         except Exception:  # a stacked factorisation that raised for the stack (numpy's SVD, say): all go alone
             failed = np.ones(len(self.runs), dtype=bool)
-        self.taken += 1
-        for t in self.runs:
+        for k, t in enumerate(self.runs):
             t.step = step + 1
+            self.since[k] += 1
+            self.outcomes[k].batched_steps += 0 if failed[k] else 1
         if failed.any():
             self._hand_back(failed, step)
 
     def _hand_back(self, failed: np.ndarray, step: int) -> None:
-        alone = []
+        """Each failed run takes this step alone from its state before it (recording its event) and rejoins
+        the stack; a run that ends in a breakdown there leaves it."""
+        ended = np.zeros(len(self.runs), dtype=bool)
         for k in np.flatnonzero(failed):
+            run = self.runs[k]
             self.give_back(k, previous=True)
-            self.runs[k].step = step
-            alone.append((self.runs[k], self.outcomes[k]))
-        keep = ~failed
+            run.step = step
+            try:
+                run.take_step()
+            except PitcheckError as exc:  # RunBreakdown: its last good state is committed
+                self.outcomes[k].error = exc
+                ended[k] = True
+                continue
+            self.opt_steps[k], self.since[k] = self._opt_steps(run), 0
+            for stack, engine in ((self.model, run.engine), (self.shadow, run.shadow)):
+                if stack is not None:
+                    stack.put(k, engine)
+        if ended.any():
+            self._leave(~ended)
+
+    def _leave(self, keep: np.ndarray) -> None:
+        """Go on with the runs in `keep` only."""
         self.runs = [t for t, ok in zip(self.runs, keep) if ok]
         self.outcomes = [o for o, ok in zip(self.outcomes, keep) if ok]
         self.opt_steps = [s for s, ok in zip(self.opt_steps, keep) if ok]
+        self.since = [s for s, ok in zip(self.since, keep) if ok]
         self.names = [n for n, ok in zip(self.names, keep) if ok]
         if self.runs:
             self.model.keep(keep)
             if self.shadow is not None:
                 self.shadow.keep(keep)
-        for trajectory, outcome in alone:  # each redoes the step unbatched, records its event, goes on
-            run_alone(trajectory, outcome)
 
     def record(self) -> None:
         for k, t in enumerate(self.runs):

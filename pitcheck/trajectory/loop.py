@@ -137,6 +137,21 @@ class Trajectory:
         self.store.close()
         self.pair.close()
 
+    def take_step(self) -> None:
+        """One step of the run as its loop takes it (gradients, model and shadow, events), without recording;
+        raises RunBreakdown, with the last good state committed, where the loop would end in one."""
+        names = parse_adversary(self.config.adversary)
+        probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if "adaptive" in names else None
+        self._advance(names, probe)
+
+    def _advance(self, names: list[str], probe) -> None:
+        grads, shadow_grads = self.pair.gradients(names, self.step, probe)
+        try:
+            self._step(grads, shadow_grads)
+        except StateBreakdown as exc:
+            raise self._end_in_breakdown(str(exc), exc.part) from None
+        self.step += 1
+
     def _step(self, grads: dict, shadow_grads: dict | None) -> None:
         """One step of model and shadow; a last step that, like every one before it, was skipped is a breakdown."""
         events = self.pair.step(grads, shadow_grads, self.step)
@@ -199,12 +214,7 @@ class Trajectory:
             while self.step < cfg.steps:
                 if stop:
                     raise KeyboardInterrupt
-                grads, shadow_grads = self.pair.gradients(names, self.step, probe)
-                try:
-                    self._step(grads, shadow_grads)
-                except StateBreakdown as exc:
-                    raise self._end_in_breakdown(str(exc), exc.part) from None
-                self.step += 1
+                self._advance(names, probe)
                 if marks and self.step == marks[0]:
                     marks.pop(0)
                     self._record()

@@ -16,7 +16,7 @@ PLANTS = [
  ("small products through torch's bmm loop", "pitcheck/batched_retractions.py",
   "TORCH_BMM_OWN_LOOP_BELOW = 400", "TORCH_BMM_OWN_LOOP_BELOW = 0", "odd_dimensions"),
  ("optimizer step count not advanced", "pitcheck/trajectory/batched.py",
-  "engine.opt_step = start + taken", "engine.opt_step = start", "a_batch_writes and qr-fp32"),
+  "engine.opt_step = start + since", "engine.opt_step = start", "a_batch_writes and qr-fp32"),
  ("a failed cell handed back at its state after the step", "pitcheck/trajectory/batched.py",
   "self.give_back(k, previous=True)", "self.give_back(k, previous=False)", "event"),
  ("the shadow not stepped", "pitcheck/trajectory/batched.py",
@@ -34,6 +34,18 @@ PLANTS = [
   "return (trajectory.step, c.backend,", "return (0, c.backend,", "different_steps"),
  ("a run's stack chosen without its policy", "pitcheck/trajectory/batched.py",
   "return (trajectory.step, c.backend, c.precision,", "return (trajectory.step, c.backend,", "different_policies"),
+ ("loss scale not divided out in the stack", "pitcheck/batched_engine.py",
+  "grads = {k: self._unscale(g) for k, g in grads.items()}", "pass", "loss_scaled"),
+ ("loss scale never grows in the stack", "pitcheck/batched_engine.py",
+  "self.scales = np.where(grow, self.scales * 2.0, self.scales)", "pass", "loss_scaled"),
+ ("a rejoining cell's loss scale not taken back into the stack", "pitcheck/batched_engine.py",
+  "self.scales = replaced(self.scales, engine.loss_scale)", "pass", "loss_scaled"),
+ ("a handed-back cell's step alone not taken back into the stack", "pitcheck/trajectory/batched.py",
+  "stack.put(k, engine)", "pass", "event or loss_scaled"),
+ ("put makes the stack's state after the step every cell's state before it", "pitcheck/batched_engine.py",
+  "        self.good_steps = replaced(self.good_steps, engine.good_steps)\n        self._refresh()",
+  "        self.good_steps = replaced(self.good_steps, engine.good_steps)\n        self.hold()\n        self._refresh()",
+  "event or loss_scaled"),
 ]
 for why, path, old, new, sel in [p for p in PLANTS if len(sys.argv) < 2 or sys.argv[1] in p[0]]:
     src = open(path).read()
