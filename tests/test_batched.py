@@ -80,19 +80,41 @@ def test_cells_without_a_stacked_form_run_alone_in_their_batch(tmp_path):
     assert all(a == b for a, b in files)
 
 
-def test_a_cell_whose_step_has_an_event_takes_it_alone_and_rejoins_with_the_same_numbers(tmp_path):
+def stack_steps_expected(events: bytes, steps: int) -> tuple[int, bool]:
+    """(steps the stack takes of a run whose skipped steps are those of its events, whether it rejoined
+    after a skipped step): each skipped step is taken alone and the run rejoins, unless the step before was
+    skipped too: then (ALONE_AFTER_FAILURES = 2) it goes on alone to its end."""
+    failed = {json.loads(line)["step"] - 1 for line in events.decode().splitlines() if b"nonfinite_gradient" in
+              line.encode()}
+    taken, rejoined = 0, False
+    for s in range(steps):
+        if s in failed:
+            if s - 1 in failed:
+                break
+        else:
+            rejoined |= s - 1 in failed
+            taken += 1
+    return taken, rejoined
+
+
+def test_a_cell_whose_step_has_an_event_takes_it_alone_and_rejoins_with_the_same_numbers(tmp_path, monkeypatch):
+    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 2)
     base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
-    nonfinite = AdversaryParams(nonfinite_probability=0.3)
-    configs = [RunConfig(seed=0, **base), RunConfig(seed=1, adversary="nonfinite", adversary_params=nonfinite, **base),
+    configs = [RunConfig(seed=0, **base),
+               # non-finite gradients, now and then (the run rejoins) and often (it ends up alone)
+               RunConfig(seed=1, adversary="nonfinite", adversary_params=AdversaryParams(nonfinite_probability=0.3),
+                         **base),
                # huge spikes at lr 1: T breaks down after a few stacked steps; handed back, the run records it
                RunConfig(seed=2, adversary="spike", lr=1.0, **base,
                          adversary_params=AdversaryParams(spike_probability=0.5, spike_scale=1000.0)),
-               RunConfig(seed=3, **base)]
+               RunConfig(seed=3, **base),
+               RunConfig(seed=4, adversary="nonfinite", adversary_params=AdversaryParams(nonfinite_probability=0.15),
+                         **base)]
     outcomes, files = alone_and_batched(configs, tmp_path)
     assert outcomes[0].batched_steps == outcomes[3].batched_steps == 30
-    # every step but those with the event was the stack's: the run rejoined it after each
-    skipped = files[1][1]["events.jsonl"].count(b"nonfinite_gradient")
-    assert skipped >= 2 and outcomes[1].batched_steps == 30 - skipped
+    often, now_and_then = (stack_steps_expected(files[k][1]["events.jsonl"], 30) for k in (1, 4))
+    assert outcomes[1].batched_steps == often[0] < 20
+    assert outcomes[4].batched_steps == now_and_then[0] and now_and_then[1]
     assert isinstance(outcomes[2].error, RunBreakdown) and b"breakdown" in files[2][1]["events.jsonl"]
     assert 0 < outcomes[2].batched_steps < 30
     assert all(a == b for a, b in files)
@@ -187,6 +209,38 @@ def test_runs_resumed_at_different_steps_are_batched_by_step(tmp_path):
     for k in range(4):
         alone, batched = run_files(tmp_path / f"alone{k}"), run_files(tmp_path / f"batch{k}")
         assert alone["checkpoint.npz"] == batched["checkpoint.npz"] and alone["metrics.csv"] == batched["metrics.csv"]
+
+
+def test_an_interrupted_batch_saves_the_runs_that_left_it_too(tmp_path, monkeypatch):
+    from pitcheck.trajectory import batched
+
+    monkeypatch.setattr(batched, "ALONE_AFTER_FAILURES", 2)
+    base = dict(precision="fp32", retraction="qr", vocab=16, dim=4, steps=40, records_per_decade=4)
+    configs = [RunConfig(seed=0, **base),
+               RunConfig(seed=1, adversary="nonfinite", adversary_params=AdversaryParams(nonfinite_probability=0.5),
+                         **base)]
+    step = batched.StackedRuns.step
+
+    def step_then_interrupt(self):
+        step(self)
+        if self.runs[0].step == 20:
+            assert self.alone  # the second run has left the stack by then
+            signal.raise_signal(signal.SIGINT)
+
+    with thread_policy(1):
+        for k, c in enumerate(configs):
+            run(c, tmp_path / f"alone{k}", progress=False)
+        monkeypatch.setattr(batched.StackedRuns, "step", step_then_interrupt)
+        outcomes = run_batch([Trajectory(c, tmp_path / f"batch{k}", progress=False) for k, c in enumerate(configs)])
+        assert all("interrupted at step" in str(o.error) for o in outcomes)
+        left_at = committed_step(tmp_path / "batch1")
+        assert committed_step(tmp_path / "batch0") == 20 and left_at < 20
+        monkeypatch.setattr(batched.StackedRuns, "step", step)
+        run_batch([Trajectory(c, tmp_path / f"batch{k}", resume=True, progress=False) for k, c in enumerate(configs)])
+    for k in range(2):
+        alone, resumed = run_files(tmp_path / f"alone{k}"), run_files(tmp_path / f"batch{k}")
+        for name in ("metrics.csv", "checkpoint.npz", "events.jsonl"):
+            assert alone[name] == resumed[name]
 
 
 def run_batch_until(trajectory: Trajectory, stop: int) -> int:

@@ -65,6 +65,11 @@ def run_alone(trajectory: Trajectory, outcome: Outcome) -> None:
         outcome.error = exc
 
 
+# a loss scale backing off from 2^16 fails a few stack steps in a row at the start of an fp16 run; a run
+# that fails this many is stuck (it skips every step) and costs less alone
+ALONE_AFTER_FAILURES = 32
+
+
 class StackedRuns:
     """Runs at the same step, all stackable: stepped together until each ends or is handed back."""
 
@@ -76,7 +81,12 @@ class StackedRuns:
         # since: a step of the stack adds one to each count
         self.opt_steps = [self._opt_steps(t) for t in runs]
         self.since = [0] * len(runs)
+        self.failing = [0] * len(runs)  # each run's stack steps that failed in a row, up to this one
         self.names = [parse_adversary(t.config.adversary) for t in runs]
+        # runs whose stack step failed ALONE_AFTER_FAILURES times in a row (a state that overflows every step,
+        # say): they go on alone once the stack is done, rather than cost a failed stack step and a step
+        # alone each step
+        self.alone: list[tuple[Trajectory, Outcome]] = []
 
     @staticmethod
     def _opt_steps(run: Trajectory) -> tuple[int, int]:
@@ -115,23 +125,29 @@ class StackedRuns:
             t.step = step + 1
             self.since[k] += 1
             self.outcomes[k].batched_steps += 0 if failed[k] else 1
+            self.failing[k] = self.failing[k] + 1 if failed[k] else 0
         if failed.any():
             self._hand_back(failed, step)
 
     def _hand_back(self, failed: np.ndarray, step: int) -> None:
         """Each failed run takes this step alone from its state before it (recording its event) and rejoins
-        the stack; a run that ends in a breakdown there leaves it."""
+        the stack; a run that ends in a breakdown there leaves it, and one whose stack step failed
+        ALONE_AFTER_FAILURES times in a row leaves it to go on alone after the stack."""
         ended = np.zeros(len(self.runs), dtype=bool)
         for k in np.flatnonzero(failed):
             run = self.runs[k]
             self.give_back(k, previous=True)
             run.step = step
+            ended[k] = True
+            if self.failing[k] >= ALONE_AFTER_FAILURES:  # it goes on alone from this step, after the stack
+                self.alone.append((run, self.outcomes[k]))
+                continue
             try:
                 run.take_step()
             except PitcheckError as exc:  # RunBreakdown: its last good state is committed
                 self.outcomes[k].error = exc
-                ended[k] = True
                 continue
+            ended[k] = False
             self.opt_steps[k], self.since[k] = self._opt_steps(run), 0
             for stack, engine in ((self.model, run.engine), (self.shadow, run.shadow)):
                 if stack is not None:
@@ -145,6 +161,7 @@ class StackedRuns:
         self.outcomes = [o for o, ok in zip(self.outcomes, keep) if ok]
         self.opt_steps = [s for s, ok in zip(self.opt_steps, keep) if ok]
         self.since = [s for s, ok in zip(self.since, keep) if ok]
+        self.failing = [s for s, ok in zip(self.failing, keep) if ok]
         self.names = [n for n, ok in zip(self.names, keep) if ok]
         if self.runs:
             self.model.keep(keep)
@@ -184,14 +201,19 @@ class StackedRuns:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        for trajectory, outcome in self.alone:
+            run_alone(trajectory, outcome)
 
     def _interrupted(self) -> None:
-        """Keep the work done: every run checkpoints this step, and says so as run() does."""
-        for k, (t, o) in enumerate(zip(self.runs, self.outcomes)):
+        """Keep the work done: every run checkpoints this step (one that left the stack, its own), and says
+        so as run() does."""
+        for k in range(len(self.runs)):
             self.give_back(k)
+        for t, o in list(zip(self.runs, self.outcomes)) + self.alone:
             t.checkpoint()
             o.error = PitcheckError(f"interrupted at step {t.step} of {t.out}, checkpoint saved; the same "
                                     "command with --resume continues it (pitcheck compare resumes by itself)")
+        self.alone = []
 
 
 def run_batch(trajectories: list[Trajectory], threads: int | None = None) -> list[Outcome]:

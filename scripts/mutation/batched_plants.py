@@ -46,6 +46,13 @@ PLANTS = [
   "        self.good_steps = replaced(self.good_steps, engine.good_steps)\n        self._refresh()",
   "        self.good_steps = replaced(self.good_steps, engine.good_steps)\n        self.hold()\n        self._refresh()",
   "event or loss_scaled"),
+ ("a stuck run never leaves the stack", "pitcheck/trajectory/batched.py",
+  "if self.failing[k] >= ALONE_AFTER_FAILURES:", "if False:", "event"),
+ ("failures in a row not reset by a step the stack took", "pitcheck/trajectory/batched.py",
+  "self.failing[k] = self.failing[k] + 1 if failed[k] else 0", "self.failing[k] += int(failed[k])", "event"),
+ ("an interrupted batch does not save the runs that left it", "pitcheck/trajectory/batched.py",
+  "for t, o in list(zip(self.runs, self.outcomes)) + self.alone:", "for t, o in zip(self.runs, self.outcomes):",
+  "interrupted_batch"),
 ]
 for why, path, old, new, sel in [p for p in PLANTS if len(sys.argv) < 2 or sys.argv[1] in p[0]]:
     src = open(path).read()
