@@ -25,7 +25,8 @@ from .plotting import pyplot, save_figure
 from .policy import get_policy
 from .reference import random_memory
 from .retractions import APPROXIMATE, RETRACTIONS, in_table_order, tangent_projection
-from .runcost import AMORTISED_STEPS, RunTimer, amortised_ms, cell_seconds, cost_classes, records_per_step
+from .runcost import (AMORTISED_STEPS, RunTimer, StackTimer, amortised_ms, cell_seconds, cost_class, cost_classes,
+                      records_per_step)
 from .rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
 from .threads import available_cores, pin_threads, policy_threads
 from .trajectory import RunConfig, available_memory, check_memory, initial_state, make_engine, recorded_steps
@@ -233,11 +234,11 @@ def significant(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def grid_rate(rounds: int = 3, echo=None, grid=None) -> dict:
+def grid_rate(rounds: int = 3, echo=None, grid=None, batch: int = 1) -> dict:
     """The default compare grid's cells per second of one core: each cost class (a cell less its seed)
     built as a run, its whole step and its record timed (CPU time, minimum of `rounds`), the grid's cells
     costed at their steps and records. A pool of n workers on n free cores does about n times this.
-    grid: a loaded sweep Grid (None: the default grid)."""
+    grid: a loaded sweep Grid (None: the default grid). batch > 1: also as compare batches it ("batched")."""
     from .sweep import load_grid
     from .sweep.grid import configs
 
@@ -256,16 +257,55 @@ def grid_rate(rounds: int = 3, echo=None, grid=None) -> dict:
         total += seconds * len(configs_of_class)
         first = configs_of_class[0]
         rows.append({"precision": first.precision, "retraction": first.retraction, "adversary": first.adversary,
-                     "vocab": first.vocab, "dim": first.dim, "cells": len(configs_of_class),
+                     "optimizer": first.optimizer, "vocab": first.vocab, "dim": first.dim, "cells": len(configs_of_class),
                      "seconds_per_cell": significant(seconds)})
         if echo:
             echo(f"grid: {configs_of_class[0].precision} {configs_of_class[0].retraction} "
                  f"{configs_of_class[0].adversary}: {seconds:.2f} s a cell")
     cells = sum(len(c) for c in classes.values())
     cores = available_cores()
-    return {"grid": grid.description, "cells": cells, "cost_classes": len(classes), "steps": grid.steps,
-            "cell_seconds": significant(total), "cells_per_second": significant(cells / total), "cores": cores,
-            "wall_estimate_s": significant(total / cores), "classes": rows}
+    out = {"grid": grid.description, "cells": cells, "cost_classes": len(classes), "steps": grid.steps,
+           "cell_seconds": significant(total), "cells_per_second": significant(cells / total), "cores": cores,
+           "wall_estimate_s": significant(total / cores), "classes": rows}
+    if batch > 1:
+        out["batched"] = batched_grid_rate(grid, classes, rows, batch, rounds, echo)
+    return out
+
+
+def batched_grid_rate(grid, classes: dict, class_rows: list[dict], batch: int, rounds: int, echo=None) -> dict:
+    """The same grid as `pitcheck compare --batch N` hands it out (sweep.batch_tasks): each batch built as
+    one stack of its cells and its stack step and record timed (CPU time, minimum of `rounds`); cells that
+    run alone cost what their class costs unbatched."""
+    from .sweep import batch_tasks
+    from .sweep.grid import configs
+
+    alone_seconds = dict(zip(classes, (r["seconds_per_cell"] for r in class_rows)))
+    tasks = [{"config": config.to_json()} for _, config in configs(grid)]
+    total, rows = 0.0, []
+    for task in batch_tasks(tasks, batch):
+        if "cells" not in task:
+            total += alone_seconds[cost_class(RunConfig.from_json(task["config"]))]
+            continue
+        stack_configs = [RunConfig.from_json(c["config"]) for c in task["cells"]]
+        timer = StackTimer.build(stack_configs)
+        try:
+            step = Case("stack", "run", timer.step, stack_configs[0].vocab, stack_configs[0].dim)
+            record = Case("stack record", "record", timer.record, stack_configs[0].vocab, stack_configs[0].dim)
+            time_interleaved([step, record], rounds)
+        finally:
+            timer.close()
+        seconds = cell_seconds(min(step.times) * 1e3, min(record.times) * 1e3, grid.steps, grid.records_per_decade)
+        total += seconds
+        rows.append({"precision": stack_configs[0].precision, "retraction": stack_configs[0].retraction,
+                     "vocab": stack_configs[0].vocab, "dim": stack_configs[0].dim, "cells": len(stack_configs),
+                     "seconds_per_cell": significant(seconds / len(stack_configs))})
+        if echo:
+            echo(f"grid, batched: {stack_configs[0].precision} {stack_configs[0].retraction} x {len(stack_configs)}: "
+                 f"{seconds / len(stack_configs):.2f} s a cell")
+    cores = available_cores()
+    return {"batch": batch, "batches": len(rows), "cells_batched": sum(r["cells"] for r in rows),
+            "cell_seconds": significant(total), "cells_per_second": significant(len(tasks) / total),
+            "wall_estimate_s": significant(total / cores), "stacks": rows}
 
 
 def machine() -> dict:
@@ -393,7 +433,10 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
     doc["tracking"] = tracking_fraction(results)
     doc["targets"] = check_targets(results, doc["tracking"])
     if grid:
-        doc["grid"] = grid_rate(echo=(lambda line: print(line, file=sys.stderr, flush=True)) if echo else None)
+        from .sweep import DEFAULT_BATCH
+
+        doc["grid"] = grid_rate(echo=(lambda line: print(line, file=sys.stderr, flush=True)) if echo else None,
+                                batch=DEFAULT_BATCH)
     return doc
 
 
@@ -497,7 +540,14 @@ def report(doc: dict) -> str:
         g = doc["grid"]
         out += [f"Default grid ({g['cells']} cells of {g['steps']} steps, {g['cost_classes']} cost classes timed): "
                 f"{g['cell_seconds']:.4g} s of cell time, {g['cells_per_second']:.3g} cells per second of one "
-                f"core; about {g['wall_estimate_s']:.4g} s of wall on this machine's {g['cores']} cores.", ""]
+                f"core; about {g['wall_estimate_s']:.4g} s of wall on this machine's {g['cores']} cores, every cell "
+                "alone.", ""]
+        if g.get("batched"):
+            b = g["batched"]
+            out += [f"As `pitcheck compare` hands it out (--batch {b['batch']}): {b['cells_batched']} cells in "
+                    f"{b['batches']} batches, each stack's step and record timed as one; {b['cell_seconds']:.4g} s of "
+                    f"cell time, {b['cells_per_second']:.3g} cells per second of one core; about "
+                    f"{b['wall_estimate_s']:.4g} s of wall on {g['cores']} cores.", ""]
     if doc.get("targets"):
         out += ["Targets (issues 9 and 16):", "", "| target | V x D | measured | reached |", "|---|---|---|---|"]
         for t in doc["targets"]:

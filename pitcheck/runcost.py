@@ -51,6 +51,41 @@ class RunTimer:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+@dataclass
+class StackTimer:
+    """A batch of runs as `pitcheck compare` steps them together (trajectory.batched), built and never run:
+    `step()` takes one step of every run of the stack, `record()` records and commits every run once."""
+    stack: object  # trajectory.batched.StackedRuns
+    trajectories: list
+    scratch: str
+
+    @classmethod
+    def build(cls, configs: list[RunConfig]) -> "StackTimer":
+        from .trajectory.batched import Outcome, StackedRuns
+
+        scratch = tempfile.mkdtemp(prefix="pitcheck-runcost-")
+        trajectories = []
+        try:
+            trajectories = [Trajectory(c, f"{scratch}/run{k}", progress=False) for k, c in enumerate(configs)]
+            return cls(StackedRuns(trajectories, [Outcome() for _ in trajectories]), trajectories, scratch)
+        except BaseException:
+            for t in trajectories:
+                t.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+
+    def step(self) -> None:
+        self.stack.step()
+
+    def record(self) -> None:
+        self.stack.record()
+
+    def close(self) -> None:
+        for t in self.trajectories:
+            t.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 def records_per_step(steps: int = AMORTISED_STEPS, per_decade: int = RunConfig.records_per_decade) -> float:
     """Records a run of `steps` steps takes on the schedule, per step."""
     return len(recorded_steps(steps, per_decade)) / steps
@@ -67,11 +102,15 @@ def cell_seconds(step_ms: float, record_ms: float, steps: int, per_decade: int) 
     return (steps * step_ms + len(recorded_steps(steps, per_decade)) * record_ms) / 1e3
 
 
+def cost_class(config: RunConfig) -> tuple:
+    """What sets a step's cost: everything but the seed."""
+    return (config.backend, config.precision, config.retraction, config.adversary, config.optimizer,
+            config.head, config.vocab, config.dim, config.shadow, config.device)
+
+
 def cost_classes(configs) -> dict[tuple, list[RunConfig]]:
-    """A grid's configs grouped by what sets a step's cost (everything but the seed)."""
+    """A grid's configs grouped by cost_class."""
     out: dict[tuple, list[RunConfig]] = {}
     for config in configs:
-        key = (config.backend, config.precision, config.retraction, config.adversary, config.optimizer,
-               config.head, config.vocab, config.dim, config.shadow, config.device)
-        out.setdefault(key, []).append(config)
+        out.setdefault(cost_class(config), []).append(config)
     return out

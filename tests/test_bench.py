@@ -255,6 +255,39 @@ def test_grid_rate_costs_every_cell_by_its_class(tmp_path, monkeypatch):
     assert f"{g['cells']} cells of 30 steps" in benchmark.report(doc)
 
 
+def test_grid_rate_batched_costs_each_batch_as_one_stack_and_the_rest_by_class(tmp_path, monkeypatch):
+    from pitcheck import runcost, sweep
+
+    path = tmp_path / "grid.toml"
+    path.write_text('steps = 30\nrecords_per_decade = 5\n[axes]\nretraction = ["qr"]\noptimizer = ["sgd", "momentum"]\n'
+                    'precision = ["fp32"]\nshape = ["32x4"]\nseed = [0, 1, 2]\n')
+    grid = sweep.load_grid(str(path))
+    stacks, closed = [], []
+    real_build = runcost.StackTimer.build
+
+    def build(configs):
+        timer = real_build(configs)
+        stacks.append([c.optimizer for c in configs])
+        real_close = timer.close
+        timer.close = lambda: (closed.append(timer.scratch), real_close())
+        return timer
+
+    monkeypatch.setattr(runcost.StackTimer, "build", build)
+    g = benchmark.grid_rate(rounds=1, grid=grid, batch=8)
+    b = g["batched"]
+    # the three SGD cells are one stack; momentum has no stacked form: its cells cost what its class costs
+    assert stacks == [["sgd"] * 3] and b["batches"] == 1 and b["cells_batched"] == 3
+    momentum = next(c for c in g["classes"] if c["optimizer"] == "momentum")
+    assert math.isclose(b["cell_seconds"], 3 * b["stacks"][0]["seconds_per_cell"] + 3 * momentum["seconds_per_cell"],
+                        rel_tol=1e-2)
+    assert math.isclose(b["cells_per_second"], 6 / b["cell_seconds"], rel_tol=1e-2)
+    assert len(closed) == 1 and not any((tmp_path.parent / c).exists() for c in closed)
+    assert "batched" not in benchmark.grid_rate(rounds=1, grid=grid)  # batch=1: every cell alone
+    doc = {"machine": {"processor": "x", "cpus": 2, "torch": "t", "numpy": "n", "clock": "c"}, "mode": "quick",
+           "rounds": 1, "results": [], "grid": g}
+    assert "3 cells in 1 batches" in benchmark.report(doc)
+
+
 def test_cell_seconds_and_cost_classes():
     from pitcheck.runcost import cell_seconds, cost_classes
     from pitcheck.trajectory import RunConfig, recorded_steps
