@@ -40,7 +40,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-peers", action="store_true", help="skip torch/geoopt/geotorch peers")
     p.add_argument("--no-steps", action="store_true", help="skip full steps, metrics records and whole run steps")
     p.add_argument("--grid", action="store_true", help="also cost the default compare grid: its cells per second "
-                                                       "(each cost class built and timed as a run; about a minute)")
+                                                       "(each cost class built and timed as a run, and each of compare's batches as one stack; "
+                                                       "about two minutes)")
     return p
 
 
