@@ -17,7 +17,7 @@ from pitcheck import sweep as sw
 from pitcheck.errors import PitcheckError
 from pitcheck.gradients import AdversaryParams
 from pitcheck.threads import thread_policy
-from pitcheck.trajectory import RunBreakdown, RunConfig, Trajectory, run
+from pitcheck.trajectory import RunBreakdown, RunConfig, RunInterrupted, Trajectory, run
 from pitcheck.trajectory.batched import run_batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,6 +241,30 @@ def test_an_interrupted_batch_saves_the_runs_that_left_it_too(tmp_path, monkeypa
         alone, resumed = run_files(tmp_path / f"alone{k}"), run_files(tmp_path / f"batch{k}")
         for name in ("metrics.csv", "checkpoint.npz", "events.jsonl"):
             assert alone[name] == resumed[name]
+
+
+def test_a_signal_stops_the_whole_batch_not_just_the_run_it_reached(tmp_path):
+    base = dict(precision="fp32", retraction="qr", vocab=16, dim=4, steps=40, records_per_decade=4)
+    configs = [RunConfig(seed=0, optimizer="momentum", **base), RunConfig(seed=1, optimizer="momentum", **base),
+               RunConfig(seed=2, **base), RunConfig(seed=3, **base)]
+    with thread_policy(1):
+        trajectories = [Trajectory(c, tmp_path / f"batch{k}", progress=False) for k, c in enumerate(configs)]
+        step = trajectories[0].pair.step
+
+        def step_then_interrupt(grads, shadow_grads, k):
+            events = step(grads, shadow_grads, k)
+            if k + 1 == 5:
+                signal.raise_signal(signal.SIGINT)
+            return events
+
+        trajectories[0].pair.step = step_then_interrupt  # the first run alone is interrupted at step 5
+        outcomes = run_batch(trajectories)
+    assert [type(o.error) for o in outcomes] == [RunInterrupted] * 4
+    assert "at step 5" in str(outcomes[0].error) and all("went on" in str(o.error) for o in outcomes[1:])
+    assert committed_step(tmp_path / "batch0") == 5
+    assert not any((tmp_path / f"batch{k}" / "checkpoint.npz").exists() for k in (1, 2, 3))
+    for k, c in enumerate(configs):  # every directory unlocked: the same command resumes them all
+        Trajectory(c, tmp_path / f"batch{k}", resume=True, progress=False).close()
 
 
 def run_batch_until(trajectory: Trajectory, stop: int) -> int:

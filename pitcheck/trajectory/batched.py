@@ -28,7 +28,7 @@ from ..errors import PitcheckError
 from ..gradients import gradient, parse_adversary
 from ..threads import thread_policy
 from .config import recorded_steps
-from .loop import Trajectory
+from .loop import RunInterrupted, Trajectory, interrupted_message
 
 
 @dataclass
@@ -63,6 +63,20 @@ def run_alone(trajectory: Trajectory, outcome: Outcome) -> None:
         outcome.rows = trajectory.run()
     except PitcheckError as exc:
         outcome.error = exc
+
+
+def run_in_turn(runs: list[tuple[Trajectory, Outcome]]) -> bool:
+    """Run these one after another until one is interrupted (its signal stops all of them: the rest are left
+    as they are and say so); True when one was."""
+    for k, (trajectory, outcome) in enumerate(runs):
+        run_alone(trajectory, outcome)
+        if isinstance(outcome.error, RunInterrupted):
+            for later, later_outcome in runs[k + 1:]:
+                later_outcome.error = RunInterrupted(f"interrupted before {later.out} went on from step "
+                                                     f"{later.step}; its last commit stands")
+                later.close()
+            return True
+    return False
 
 
 # a loss scale backing off from 2^16 fails a few stack steps in a row at the start of an fp16 run; a run
@@ -201,8 +215,7 @@ class StackedRuns:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        for trajectory, outcome in self.alone:
-            run_alone(trajectory, outcome)
+        run_in_turn(self.alone)
 
     def _interrupted(self) -> None:
         """Keep the work done: every run checkpoints this step (one that left the stack, its own), and says
@@ -211,8 +224,7 @@ class StackedRuns:
             self.give_back(k)
         for t, o in list(zip(self.runs, self.outcomes)) + self.alone:
             t.checkpoint()
-            o.error = PitcheckError(f"interrupted at step {t.step} of {t.out}, checkpoint saved; the same "
-                                    "command with --resume continues it (pitcheck compare resumes by itself)")
+            o.error = RunInterrupted(interrupted_message(t.step, t.out))
         self.alone = []
 
 
@@ -226,14 +238,17 @@ def run_batch(trajectories: list[Trajectory], threads: int | None = None) -> lis
             if why_alone(t) is None:
                 stacks.setdefault(stack_signature(t), []).append(k)
         stacked = {k for ks in stacks.values() if len(ks) > 1 for k in ks}
-        for k, t in enumerate(trajectories):
-            if k not in stacked:
-                run_alone(t, outcomes[k])
-        for ks in stacks.values():
-            if len(ks) < 2:
-                continue
+        alone = [k for k in range(len(trajectories)) if k not in stacked]
+        interrupted = run_in_turn([(trajectories[k], outcomes[k]) for k in alone])
+        for ks in (ks for ks in stacks.values() if len(ks) > 1):
             try:
+                if interrupted:
+                    for k in ks:
+                        outcomes[k].error = RunInterrupted(f"interrupted before {trajectories[k].out} went on from "
+                                                           f"step {trajectories[k].step}; its last commit stands")
+                    continue
                 StackedRuns([trajectories[k] for k in ks], [outcomes[k] for k in ks]).run()
+                interrupted = any(isinstance(outcomes[k].error, RunInterrupted) for k in ks)
             finally:
                 for k in ks:
                     trajectories[k].close()

@@ -21,6 +21,15 @@ class RunBreakdown(PitcheckError):
     """The run's state broke down; the run ended at its last good state, which is committed."""
 
 
+class RunInterrupted(PitcheckError):
+    """SIGINT or SIGTERM stopped the run between steps; its last step is committed (or nothing was written)."""
+
+
+def interrupted_message(step: int, out) -> str:
+    return (f"interrupted at step {step} of {out}, checkpoint saved; the same command with --resume continues it "
+            "(pitcheck compare resumes by itself)")
+
+
 def _remove_created(out: Path, created: list[Path], lock_existed: bool) -> None:
     """Undo what a refused run made: its lock file, and the directories it created (left when not empty).
     A directory that was there before keeps everything but a lock this run added."""
@@ -223,11 +232,10 @@ class Trajectory:
                 self._record()
         except KeyboardInterrupt:
             if not self.rows:  # interrupted before the first record: nothing to keep
-                raise PitcheckError(f"interrupted before the first step of {self.out}; nothing was written") from None
+                raise RunInterrupted(f"interrupted before the first step of {self.out}; nothing was written") from None
             # keep the work done: checkpoint this step (metrics rows stay those of the recorded steps)
             self._commit()
-            raise PitcheckError(f"interrupted at step {self.step} of {self.out}, checkpoint saved; the same "
-                                "command with --resume continues it (pitcheck compare resumes by itself)") from None
+            raise RunInterrupted(interrupted_message(self.step, self.out)) from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

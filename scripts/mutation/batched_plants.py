@@ -53,6 +53,9 @@ PLANTS = [
  ("an interrupted batch does not save the runs that left it", "pitcheck/trajectory/batched.py",
   "for t, o in list(zip(self.runs, self.outcomes)) + self.alone:", "for t, o in zip(self.runs, self.outcomes):",
   "interrupted_batch"),
+ ("a signal stops only the run alone it reached", "pitcheck/trajectory/batched.py",
+  "        if isinstance(outcome.error, RunInterrupted):\n            for later",
+  "        if False:\n            for later", "signal_stops"),
 ]
 for why, path, old, new, sel in [p for p in PLANTS if len(sys.argv) < 2 or sys.argv[1] in p[0]]:
     src = open(path).read()
