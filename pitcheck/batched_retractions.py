@@ -7,10 +7,11 @@ float32 and float64: tests/test_batched.py runs whole cells both ways and compar
 other operation here is elementwise. Each function mirrors its model in retractions.py line by line
 (a change there must be made here too: the equality tests fail otherwise).
 
-A retraction that can fail for one matrix (a Cholesky, polar-gram's singular Gram) reports a per-matrix
-`failed` mask instead of raising: the caller hands those cells back to the unbatched engine, which redoes
-the step and records the event. polar-ns (a data-dependent iteration count) and the approximate maps have
-no stacked form: their cells run unbatched.
+A retraction that can fail for one matrix (a Cholesky, polar-gram's singular Gram, polar-ns not
+converging) reports a per-matrix `failed` mask instead of raising: the caller hands those cells back to the
+unbatched engine, which redoes the step and records the event. polar-ns has a data-dependent iteration
+count: its stacked form iterates the still-active matrices only, each stopping where its own loop would.
+The approximate maps have no stacked form: their cells run unbatched.
 """
 from __future__ import annotations
 
@@ -219,8 +220,52 @@ def stacked_cayley_iter(Z, xi, ops: StackedOps, iterations: int = 2):
     return Y, _none_failed(Z)
 
 
+def _take(x, index: np.ndarray, ops: StackedOps):
+    """The matrices of x at `index` (a copy, contiguous: as the one-matrix loop's own Y and G are)."""
+    return x[ops.torch.from_numpy(index).to(x.device)] if ops.torch else x[index]
+
+
+def stacked_polar_ns(Z, xi, ops: StackedOps, max_iter: int = 50):
+    """retract_polar_ns per matrix: each matrix iterates until its own ||Y^T Y - I||_F stops halving, and
+    only the still-active matrices are stepped (a stopped one keeps its Y as its loop returns it). `failed`:
+    the matrices for which retract_polar_ns raises RetractionError (no convergence, or too far from the
+    manifold). Each error is ops.norm of that one matrix, a Python float as there: a norm over the stack
+    sums in another order (numpy's differs from the matrix's own at most shapes)."""
+    Y = Z + xi
+    B = Y.shape[0]
+    eye = ops.eye(Y.shape[-1], like=Y)
+    prev = np.full(B, np.inf)  # float64, as the one-matrix loop's Python floats
+    failed = _none_failed(Z)
+    active = np.arange(B)
+    for _ in range(max_iter):
+        Ya = Y if len(active) == B else _take(Y, active, ops)
+        G = ops.matmul(ops.t(Ya), Ya)
+        err = np.array([ops.base.norm(d) for d in G - eye], dtype=np.float64)
+        stop = ~(err < 0.5 * prev[active])
+        failed[active[stop & (err > 1e-2)]] = True  # did not converge
+        go = ~stop
+        prev[active[go]] = err[go]
+        far = go & (err > 1.0)  # too far from the manifold
+        failed[active[far]] = True
+        go &= ~far
+        if not go.any():
+            break
+        if go.all():
+            Y_new = ops.matmul(Ya, 1.5 * eye - 0.5 * G)
+        else:
+            index = np.flatnonzero(go)
+            Y_new = ops.matmul(_take(Ya, index, ops), 1.5 * eye - 0.5 * _take(G, index, ops))
+        active = active[go]
+        if len(active) == B:
+            Y = Y_new
+        else:
+            Y[ops.torch.from_numpy(active).to(Y.device) if ops.torch else active] = Y_new
+    return Y, failed
+
+
 # name -> stacked form; a retraction not named here runs its cells unbatched
 STACKED_RETRACTIONS = {
     "qr": stacked_qr, "cholqr": stacked_cholqr, "cholqr2": stacked_cholqr2, "polar": stacked_polar,
-    "polar-gram": stacked_polar_gram, "cayley": stacked_cayley, "cayley-iter": stacked_cayley_iter,
+    "polar-gram": stacked_polar_gram, "polar-ns": stacked_polar_ns, "cayley": stacked_cayley,
+    "cayley-iter": stacked_cayley_iter,
 }
