@@ -21,7 +21,7 @@ from pitcheck.trajectory import RunBreakdown, RunConfig, RunInterrupted, Traject
 from pitcheck.trajectory.batched import run_batch
 
 ROOT = Path(__file__).resolve().parents[1]
-STACKED = ["qr", "cholqr", "cholqr2", "polar", "polar-gram", "cayley", "cayley-iter"]
+STACKED = ["qr", "cholqr", "cholqr2", "polar", "polar-gram", "polar-ns", "cayley", "cayley-iter"]
 PRECISIONS = ["fp64", "fp32", "tf32", "bf16", "bf16-mixed"]
 
 
@@ -54,7 +54,11 @@ def four_cells(precision: str, retraction: str, vocab: int = 32, dim: int = 4, s
 @pytest.mark.parametrize("retraction", STACKED)
 def test_a_batch_writes_the_files_of_its_cells_run_alone(tmp_path, precision, retraction):
     outcomes, files = alone_and_batched(four_cells(precision, retraction), tmp_path)
-    assert [o.batched_steps for o in outcomes] == [12] * 4  # the stack computed every step
+    # the stack computed every step but those with an event (polar-ns in bf16 fails now and then: each such
+    # step is taken alone and the cell rejoins)
+    skipped = [batched["events.jsonl"].count(b'"action": "step skipped"') for _, batched in files]
+    assert [o.batched_steps for o in outcomes] == [12 - n for n in skipped]
+    assert sum(skipped) == 0 or (retraction, precision) == ("polar-ns", "bf16")
     for alone, batched in files:
         assert alone == batched  # metrics.csv, checkpoint.npz, events.jsonl, manifest.json, commit.json
 
@@ -74,7 +78,7 @@ def test_cells_without_a_stacked_form_run_alone_in_their_batch(tmp_path):
     configs = [RunConfig(retraction="qr", seed=0, **base), RunConfig(retraction="qr", seed=1, **base),
                RunConfig(retraction="qr", optimizer="momentum", **base),
                RunConfig(retraction="qr", adversary="gaussian,adaptive", **base),
-               RunConfig(retraction="polar-ns", **base)]
+               RunConfig(retraction="ns5", **base)]
     outcomes, files = alone_and_batched(configs, tmp_path)
     assert [o.batched_steps for o in outcomes] == [12, 12, 0, 0, 0]
     assert all(a == b for a, b in files)
@@ -302,11 +306,11 @@ def test_the_sweep_hands_out_batches_and_its_results_do_not_change(tmp_path):
     tasks = [{"name": c.name, "config": c.config.to_json()} for c in sw.cells(grid)]
     handed = sw.batch_tasks(tasks, 3)
     batches = [t for t in handed if "cells" in t]
-    # qr in fp64, fp32, bf16 and fp16 (loss scaling, per cell): 4 cells each, in batches of 3 and 1; polar-ns alone
-    assert sorted(len(t["cells"]) for t in batches) == [3, 3, 3, 3]
-    assert len(handed) == 32 - 12 + 4 and sw.batch_tasks(tasks, 1) == tasks
+    # qr and polar-ns in fp64, fp32, bf16 and fp16 (loss scaling, per cell): 4 cells each, in batches of 3 and 1
+    assert sorted(len(t["cells"]) for t in batches) == [3] * 8
+    assert len(handed) == 32 - 24 + 8 and sw.batch_tasks(tasks, 1) == tasks
     assert all(len({c["config"]["precision"] for c in t["cells"]}) == 1 for t in batches)
-    assert all("polar-ns" not in c["name"] for t in batches for c in t["cells"])
+    assert all(len({c["config"]["retraction"] for c in t["cells"]}) == 1 for t in batches)
     alone = sw.sweep(tmp_path / "alone", grid, workers=2, progress=False, batch=1)
     batched = sw.sweep(tmp_path / "batched", grid, workers=2, progress=False, batch=3)
     assert alone["computed"] == batched["computed"] == 32
@@ -333,7 +337,7 @@ def test_stack_key_keeps_only_the_stacked_class_and_small_shapes():
     assert sw.stack_key(RunConfig(precision="fp32", retraction="qr", vocab=128, dim=8, seed=5, lr=0.3,
                                   adversary="spike")) == sw.stack_key(plain)
     assert sw.stack_key(RunConfig(precision="fp16", retraction="qr", vocab=128, dim=8)) is not None
-    for other in (dict(optimizer="adam"), dict(retraction="polar-ns"), dict(head="tied",
+    for other in (dict(optimizer="adam"), dict(retraction="ns5"), dict(head="tied",
                   retraction="qr"), dict(vocab=2048, dim=32), dict(adversary="adaptive"), dict(reproject_every=5)):
         config = {**dict(precision="fp32", retraction="qr", vocab=128, dim=8), **other}
         if config.get("head") == "tied":

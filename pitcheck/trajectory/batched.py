@@ -9,7 +9,7 @@ stored state). The numbers are the unbatched run's bit for bit (tests/test_batch
 
 What runs unbatched, by its own `run()`: a run whose engines have no stacked form
 (batched_engine.unstackable: baseline heads, Adam/momentum, placements, re-projection, stateful sources
-such as lm, polar-ns and the approximate maps, CUDA: a CUDA run's torch float64 shadow has no stacked form
+such as lm, the approximate maps, CUDA: a CUDA run's torch float64 shadow has no stacked form
 either), the adaptive adversary (its probe steps the run's own engine), and a run that resumed at another
 step than the others or already ended. A step with an event (a skipped step, a gradient overflow that
 halves the loss scale, a failed retraction) is handed back: the run takes that one step alone, from its
