@@ -67,7 +67,7 @@ MODULES: dict[str, list[str]] = {
     "optim": ["tests/test_engine.py"],
     "backend": ["tests/test_engine.py"],
     "heads": ["tests/test_engine.py", "tests/test_heads.py"],
-    "gradients": ["tests/test_gradients.py"],
+    "gradients": ["tests/test_gradients.py", "tests/test_gradient_stream_exact.py"],
     "events": ["tests/test_events.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
