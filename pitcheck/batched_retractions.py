@@ -190,7 +190,10 @@ def stacked_polar_gram(Z, xi, ops: StackedOps):
     w_np = w.detach().cpu().numpy() if ops.torch else w
     # retract_polar_gram's guard, per matrix (float(w.min()) there: the same comparison in float64)
     failed = ~(w_np.min(-1).astype(np.float64) > Y.shape[-1] * u * w_np.max(-1).astype(np.float64))
-    return ops.matmul(Y, ops.matmul(Q / ops.sqrt(w)[..., None, :], ops.t(Q))), failed
+    # a failed matrix's eigenvalues may be 0 or negative: its result is discarded (the mask), so numpy's
+    # warnings about its square root and division would be noise
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ops.matmul(Y, ops.matmul(Q / ops.sqrt(w)[..., None, :], ops.t(Q))), failed
 
 
 def stacked_cayley(Z, xi, ops: StackedOps):

@@ -89,9 +89,11 @@ def _finite(values: dict, what: str) -> dict:
 
 
 def _ratio(num, den) -> float:
-    """num / den for a relative residual; 0/0 is an exactly satisfied condition, x/0 is undefined."""
+    """num / den for a relative residual; 0/0 is an exactly satisfied condition, x/0 is undefined (inf/inf,
+    from an overflowed state: NaN, which the row reports as unmeasured, without numpy's warning)."""
     if den > 0:
-        return num / den
+        with np.errstate(invalid="ignore"):
+            return num / den
     if num == 0:
         return 0.0
     raise PitcheckError("a relative residual's reference is zero (or underflows): the residual is undefined")

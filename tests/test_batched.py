@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,9 @@ def test_a_cell_whose_step_has_an_event_takes_it_alone_and_rejoins_with_the_same
                RunConfig(seed=3, **base),
                RunConfig(seed=4, adversary="nonfinite", adversary_params=AdversaryParams(nonfinite_probability=0.15),
                          **base)]
-    outcomes, files = alone_and_batched(configs, tmp_path)
+    with warnings.catch_warnings():  # the events are recorded: numpy's warnings about them would be noise
+        warnings.simplefilter("error", RuntimeWarning)
+        outcomes, files = alone_and_batched(configs, tmp_path)
     assert outcomes[0].batched_steps == outcomes[3].batched_steps == 30
     often, now_and_then = (stack_steps_expected(files[k][1]["events.jsonl"], 30) for k in (1, 4))
     assert outcomes[1].batched_steps == often[0] < 20
@@ -142,6 +145,36 @@ def test_loss_scaled_cells_keep_their_own_scales_in_the_stack(tmp_path, monkeypa
     assert len(set(map(tuple, scales))) > 1 and all(len(set(s)) > 1 for s in scales)
     for alone, batched in files:
         assert alone == batched
+
+
+def test_an_overflowed_state_warns_nothing_it_records(tmp_path):
+    # huge spikes at lr 1 overflow T: non-finite gradients, metrics of inf / inf; all recorded as events
+    base = dict(precision="fp64", retraction="polar-gram", vocab=16, dim=4, steps=40, records_per_decade=2)
+    configs = [RunConfig(seed=0, **base), RunConfig(seed=2, adversary="spike", lr=1.0, **base,
+                                                    adversary_params=AdversaryParams(spike_probability=0.5,
+                                                                                     spike_scale=1000.0)),
+               RunConfig(seed=3, adversary="dense_output,sparse_input", lr=0.5, **base)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _, files = alone_and_batched(configs, tmp_path)
+    assert b"nonfinite" in files[1][1]["events.jsonl"] and all(a == b for a, b in files)
+
+
+def test_a_failed_matrix_in_the_stack_warns_nothing():
+    # the singular Gram of a failed matrix (here Y = 0) goes through the stack's square root and division:
+    # the mask reports it, the engine alone records it; numpy's warnings would be noise on a progress bar
+    import numpy as np
+
+    from pitcheck.arrays import NumpyOps
+    from pitcheck.batched_retractions import StackedOps, stacked_polar_gram
+    from pitcheck.reference import random_memory
+
+    Z = np.stack([random_memory(16, 4, np.random.default_rng(k)) for k in range(2)])
+    xi = np.stack([1e-3 * Z[0], -Z[1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _, failed = stacked_polar_gram(Z, xi, StackedOps(NumpyOps()))
+    assert failed.tolist() == [False, True]
 
 
 KILLED_BATCH = """

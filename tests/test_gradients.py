@@ -546,3 +546,18 @@ def test_zipf_ids_from_cached_probabilities_are_the_uncached_draws():
         assert np.array_equal(_zipf_ids(V, 257, s, np.random.default_rng(3)), want)  # the cached call
         with pytest.raises(ValueError):
             _zipf_probabilities(V, s)[0] = 1.0
+
+
+def test_an_overflowed_state_gives_nonfinite_gradients_without_numpy_warnings():
+    # a run records them as an event (a skipped step); numpy's warnings would be noise on its progress bar
+    import warnings
+
+    from pitcheck.gradients import AdversaryParams, gradient
+    from pitcheck.reference import random_memory
+
+    Z = random_memory(32, 4, np.random.default_rng(0))
+    L = 1e200 * np.eye(4)  # T = L L^T overflows: the logits are inf - inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        GZ, GL = gradient(["dense_output", "sparse_input"], Z, L, 0, 0, AdversaryParams())
+    assert not (np.isfinite(GZ).all() and np.isfinite(GL).all())

@@ -141,9 +141,9 @@ class StackedRuns:
             self.outcomes[k].batched_steps += 0 if failed[k] else 1
             self.failing[k] = self.failing[k] + 1 if failed[k] else 0
         if failed.any():
-            self._hand_back(failed, step)
+            self._hand_back(failed, step, GZ, GL)
 
-    def _hand_back(self, failed: np.ndarray, step: int) -> None:
+    def _hand_back(self, failed: np.ndarray, step: int, GZ: np.ndarray, GL: np.ndarray) -> None:
         """Each failed run takes this step alone from its state before it (recording its event) and rejoins
         the stack; a run that ends in a breakdown there leaves it, and one whose stack step failed
         ALONE_AFTER_FAILURES times in a row leaves it to go on alone after the stack."""
@@ -156,8 +156,8 @@ class StackedRuns:
             if self.failing[k] >= ALONE_AFTER_FAILURES:  # it goes on alone from this step, after the stack
                 self.alone.append((run, self.outcomes[k]))
                 continue
-            try:
-                run.take_step()
+            try:  # on the gradients the stack drew for it: the run's own, drawn from the same state
+                run.take_step(({"Z": GZ[k], "L": GL[k]}, None))
             except PitcheckError as exc:  # RunBreakdown: its last good state is committed
                 self.outcomes[k].error = exc
                 continue

@@ -146,15 +146,17 @@ class Trajectory:
         self.store.close()
         self.pair.close()
 
-    def take_step(self) -> None:
+    def take_step(self, gradients: tuple[dict, dict | None] | None = None) -> None:
         """One step of the run as its loop takes it (gradients, model and shadow, events), without recording;
-        raises RunBreakdown, with the last good state committed, where the loop would end in one."""
+        raises RunBreakdown, with the last good state committed, where the loop would end in one.
+        gradients: this step's (model's, shadow's or None), where the caller drew them already from this
+        stored state (a batch of runs: the stream is a function of seed, step and state, so the same arrays)."""
         names = parse_adversary(self.config.adversary)
         probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if "adaptive" in names else None
-        self._advance(names, probe)
+        self._advance(names, probe, gradients)
 
-    def _advance(self, names: list[str], probe) -> None:
-        grads, shadow_grads = self.pair.gradients(names, self.step, probe)
+    def _advance(self, names: list[str], probe, gradients=None) -> None:
+        grads, shadow_grads = gradients or self.pair.gradients(names, self.step, probe)
         try:
             self._step(grads, shadow_grads)
         except StateBreakdown as exc:
