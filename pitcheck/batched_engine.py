@@ -120,6 +120,12 @@ class StackedPit:
     def step(self, GZ: np.ndarray, GL: np.ndarray) -> np.ndarray:
         """One step of every cell on its gradients (B x V x D and B x D x D float64, L's lower triangle);
         returns the cells that failed (their state is `previous`, the step's the unbatched engine's)."""
+        # a cell whose map overflows is in the failed mask (its own engine records the event): numpy's
+        # warnings on the way would be noise
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._step(GZ, GL)
+
+    def _step(self, GZ: np.ndarray, GL: np.ndarray) -> np.ndarray:
         p, ops = self.policy, self.ops
         self.hold()  # also what an exception below leaves: the state before the step
         grads, failed = self._admitted(GZ, GL)

@@ -129,7 +129,10 @@ class PitHead:
             # a step that overflowed in the policy's matmuls: the retraction's QR/SVD must not see it
             return None, [{"event": "nonfinite_state", "action": "step skipped"}]
         try:
-            Z_new = self.retract(Z, xi, ops)
+            # a diverging map (cayley-iter's truncation) may overflow: the commit finds the state non-finite
+            # and records the skipped step, so numpy's warnings on the way would be noise
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                Z_new = self.retract(Z, xi, ops)
         except (RetractionError, *linalg_errors()) as exc:  # pitcheck's own checks, or the library giving up
             message = str(exc) if isinstance(exc, RetractionError) else (  # torch's class is _LinAlgError
                 f"{s.retraction}: {type(exc).__name__.lstrip('_')}: {(str(exc).splitlines() or [''])[0]}")

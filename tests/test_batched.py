@@ -385,3 +385,26 @@ def test_cli_refuses_a_bad_batch_before_anything_runs(tmp_path, capsys):
     assert main(["compare", "--quick", "--batch", "0", "--out", str(tmp_path / "x")]) == 2
     assert "--batch must be a positive integer" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_map_that_overflows_warns_nothing_alone_or_stacked():
+    # cayley-iter's truncated series overflows from a huge step: the engine records a skipped step (alone) or
+    # the stack reports the cell failed; numpy's warnings on the way would be noise on a progress bar
+    import numpy as np
+
+    from pitcheck.batched_engine import StackedPit
+    from pitcheck.engine import Engine, StepSettings
+    from pitcheck.policy import get_policy
+    from pitcheck.reference import random_memory
+
+    def engine():
+        e = Engine("numpy", get_policy("fp64"), StepSettings("cayley-iter", "sgd", lr=1e120))
+        e.initialise(random_memory(16, 4, np.random.default_rng(0)), np.eye(4))
+        return e
+
+    G = np.random.default_rng(1).standard_normal((16, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        events = engine().step({"Z": G, "L": np.zeros((4, 4))}, 0)
+        failed = StackedPit([engine(), engine()]).step(np.stack([G, 1e-3 * G]), np.zeros((2, 4, 4)))
+    assert [e["event"] for e in events] == ["nonfinite_state"] and failed.tolist() == [True, True]
