@@ -147,8 +147,7 @@ class Trajectory:
         self.pair.close()
 
     def take_step(self, gradients: tuple[dict, dict | None] | None = None) -> None:
-        """One step of the run as its loop takes it (gradients, model and shadow, events), without recording;
-        raises RunBreakdown, with the last good state committed, where the loop would end in one.
+        """One step as the loop takes it (events included, no record); RunBreakdown where the loop would end.
         gradients: this step's (model's, shadow's or None), where the caller drew them already from this
         stored state (a batch of runs: the stream is a function of seed, step and state, so the same arrays)."""
         names = parse_adversary(self.config.adversary)
