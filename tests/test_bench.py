@@ -225,24 +225,35 @@ def test_whole_run_step_is_the_step_plus_its_share_of_records(doc):
     assert "Whole run step" in text and "whole run step:qr (amortised)" in text
 
 
-def test_grid_rate_costs_every_cell_by_its_class(tmp_path, monkeypatch):
-    from pitcheck import runcost, sweep
+def small_grid(tmp_path, axes: str):
+    from pitcheck import sweep
 
     path = tmp_path / "grid.toml"
-    path.write_text('steps = 30\nrecords_per_decade = 5\n[axes]\nretraction = ["qr", "cayley"]\n'
-                    'precision = ["fp32"]\nshape = ["32x4"]\nseed = [0, 1, 2]\n')
-    grid = sweep.load_grid(str(path))
-    timed, closed = [], []
-    real_build = runcost.RunTimer.build
+    path.write_text(f'steps = 30\nrecords_per_decade = 5\n[axes]\n{axes}precision = ["fp32"]\nshape = ["32x4"]\n'
+                    'seed = [0, 1, 2]\n')
+    return sweep.load_grid(str(path))
 
-    def build(config):
-        timer = real_build(config)
-        timed.append(timer.config)
+
+def watch_builds(monkeypatch, timer_class, built: list, closed: list) -> None:
+    """timer_class.build records what each timer was built from (its argument) and each scratch it closes."""
+    real_build = timer_class.build
+
+    def build(what):
+        timer = real_build(what)
+        built.append(what)
         real_close = timer.close
         timer.close = lambda: (closed.append(timer.scratch), real_close())
         return timer
 
-    monkeypatch.setattr(runcost.RunTimer, "build", build)
+    monkeypatch.setattr(timer_class, "build", build)
+
+
+def test_grid_rate_costs_every_cell_by_its_class(tmp_path, monkeypatch):
+    from pitcheck import runcost
+
+    grid = small_grid(tmp_path, 'retraction = ["qr", "cayley"]\n')
+    timed, closed = [], []
+    watch_builds(monkeypatch, runcost.RunTimer, timed, closed)
     g = benchmark.grid_rate(rounds=1, grid=grid)
     assert g["cells"] == 6 and g["cost_classes"] == 2 and len(timed) == 2  # one run per class, not per seed
     assert {c.retraction for c in timed} == {"qr", "cayley"}
@@ -256,27 +267,15 @@ def test_grid_rate_costs_every_cell_by_its_class(tmp_path, monkeypatch):
 
 
 def test_grid_rate_batched_costs_each_batch_as_one_stack_and_the_rest_by_class(tmp_path, monkeypatch):
-    from pitcheck import runcost, sweep
+    from pitcheck import runcost
 
-    path = tmp_path / "grid.toml"
-    path.write_text('steps = 30\nrecords_per_decade = 5\n[axes]\nretraction = ["qr"]\noptimizer = ["sgd", "momentum"]\n'
-                    'precision = ["fp32"]\nshape = ["32x4"]\nseed = [0, 1, 2]\n')
-    grid = sweep.load_grid(str(path))
-    stacks, closed = [], []
-    real_build = runcost.StackTimer.build
-
-    def build(configs):
-        timer = real_build(configs)
-        stacks.append([c.optimizer for c in configs])
-        real_close = timer.close
-        timer.close = lambda: (closed.append(timer.scratch), real_close())
-        return timer
-
-    monkeypatch.setattr(runcost.StackTimer, "build", build)
+    grid = small_grid(tmp_path, 'retraction = ["qr"]\noptimizer = ["sgd", "momentum"]\n')
+    built, closed = [], []
+    watch_builds(monkeypatch, runcost.StackTimer, built, closed)
     g = benchmark.grid_rate(rounds=1, grid=grid, batch=8)
     b = g["batched"]
     # the three SGD cells are one stack; momentum has no stacked form: its cells cost what its class costs
-    assert stacks == [["sgd"] * 3] and b["batches"] == 1 and b["cells_batched"] == 3
+    assert [[c.optimizer for c in configs] for configs in built] == [["sgd"] * 3] and b["batches"] == 1 and b["cells_batched"] == 3
     momentum = next(c for c in g["classes"] if c["optimizer"] == "momentum")
     assert math.isclose(b["cell_seconds"], 3 * b["stacks"][0]["seconds_per_cell"] + 3 * momentum["seconds_per_cell"],
                         rel_tol=1e-2)
