@@ -65,12 +65,18 @@ OPS = {"numpy-fp64": lambda: NumpyOps(), "torch-fp32": lambda: TorchOps(),
        "torch-bf16-matmul": lambda: TorchOps(matmul_dtype=torch.bfloat16, native=False)}
 
 
-@pytest.mark.parametrize("which", list(OPS))
-def test_each_matrix_follows_its_own_loop_bit_for_bit_and_fails_where_it_raises(which):
+def ops_and_stack(which: str):
+    """The named Ops and singular_values_stack() in its library (torch float32 for the torch Ops)."""
     ops = OPS[which]()
     Z, xi = singular_values_stack()
     if ops.name == "torch":
         Z, xi = torch.from_numpy(Z).float(), torch.from_numpy(xi).float()
+    return ops, Z, xi
+
+
+@pytest.mark.parametrize("which", list(OPS))
+def test_each_matrix_follows_its_own_loop_bit_for_bit_and_fails_where_it_raises(which):
+    ops, Z, xi = ops_and_stack(which)
     errors = []
     expected = [one_matrix(Z[b], xi[b], ops, errors) for b in range(len(Z))]
     iterations = [n for _, n in expected]
@@ -93,10 +99,7 @@ def test_the_stack_takes_each_matrixs_own_norms_one_per_iteration(which):
     # ||G - I||_F of the matrix alone, the same Python floats: numpy's norm over the stack (axis=(-2, -1))
     # sums otherwise and differs in the last bit at most shapes, which a stopping test can turn into
     # another iteration count
-    ops = OPS[which]()
-    Z, xi = singular_values_stack()
-    if ops.name == "torch":
-        Z, xi = torch.from_numpy(Z).float(), torch.from_numpy(xi).float()
+    ops, Z, xi = ops_and_stack(which)
     alone = []
     for b in range(len(Z)):
         counting = Counting(ops)

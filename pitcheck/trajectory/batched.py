@@ -65,6 +65,12 @@ def run_alone(trajectory: Trajectory, outcome: Outcome) -> None:
         outcome.error = exc
 
 
+def not_continued(trajectory: Trajectory) -> RunInterrupted:
+    """What a run that an interruption stopped before it went on says: it stands at its last commit."""
+    return RunInterrupted(f"interrupted before {trajectory.out} went on from step {trajectory.step}; its last "
+                          "commit stands")
+
+
 def run_in_turn(runs: list[tuple[Trajectory, Outcome]]) -> bool:
     """Run these one after another until one is interrupted (its signal stops all of them: the rest are left
     as they are and say so); True when one was."""
@@ -72,8 +78,7 @@ def run_in_turn(runs: list[tuple[Trajectory, Outcome]]) -> bool:
         run_alone(trajectory, outcome)
         if isinstance(outcome.error, RunInterrupted):
             for later, later_outcome in runs[k + 1:]:
-                later_outcome.error = RunInterrupted(f"interrupted before {later.out} went on from step "
-                                                     f"{later.step}; its last commit stands")
+                later_outcome.error = not_continued(later)
                 later.close()
             return True
     return False
@@ -244,8 +249,7 @@ def run_batch(trajectories: list[Trajectory], threads: int | None = None) -> lis
             try:
                 if interrupted:
                     for k in ks:
-                        outcomes[k].error = RunInterrupted(f"interrupted before {trajectories[k].out} went on from "
-                                                           f"step {trajectories[k].step}; its last commit stands")
+                        outcomes[k].error = not_continued(trajectories[k])
                     continue
                 StackedRuns([trajectories[k] for k in ks], [outcomes[k] for k in ks]).run()
                 interrupted = any(isinstance(outcomes[k].error, RunInterrupted) for k in ks)
