@@ -1,39 +1,89 @@
 #!/usr/bin/env bash
-# Every check that needs a CUDA GPU, in one call that ends within about 8 minutes (a lent GPU's time is short):
-#   OUT=results/gpu/raw bash scripts/gpu_check.sh
-# the CUDA tests, native float8 against the emulation, `run` in each precision, retraction and step costs in
-# GEMM units, `validate` of the reference module on CUDA, and a 2-rank NCCL run. Each section has its own time
-# limit, so one that hangs costs its limit and no more (a run stopped by its limit saves its checkpoint and
-# the script stops: pitcheck treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the
-# machine's own torch.
+# Every check that needs a CUDA GPU, in sections a lent GPU's short time can be spent on:
+#   OUT=results/gpu/raw bash scripts/gpu_check.sh                 # every section, in order
+#   OUT=results/gpu/raw bash scripts/gpu_check.sh step validate   # only the named sections
+# Sections: tests (the CUDA tests), float8 (native float8 against the emulation), runs (`run` in each
+# precision), bench (retraction and step costs in GEMM units), step (where a run step's time goes, the shadow on
+# the GPU against the CPU), validate (pitcheck.nn on CUDA, fp32 and bf16), nccl (sharded runs under NCCL: more
+# ranks than GPUs must be a one-line refusal), compare (the quick grid with its torch cells on CUDA), f8tests
+# (tests/test_native_float8.py, a line per failure). Each section has its own time limit, so one that hangs
+# costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
+# treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
+# own torch.
 set -u
 OUT=${OUT:-results/gpu/raw}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-section() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
 START=$(date +%s)
+header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
+PYTEST=(-m pytest -q -p no:cacheprovider -o addopts="" --tb=line -rf)
+
+tests() {
+  header "pytest: CUDA tests, the shadow's placement, engine, placements, the NCCL refusal"
+  timeout -k 10 120 $PY "${PYTEST[@]}" tests/test_torch_backend.py tests/test_shadow_device.py \
+      tests/test_engine.py tests/test_placement.py tests/test_sharded.py::test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts \
+      2>&1 | tail -40
+}
+float8() {
+  header "native float8 against the emulation"
+  timeout -k 10 70 $PY scripts/native_float8_check.py --out "$OUT/native_float8.json" | tail -30
+}
+runs() {
+  header "runs on CUDA (8192 x 128, 200 steps, qr, Adam)"
+  timeout -k 10 100 $PY scripts/gpu_runs.py --steps 200 --out "$OUT/runs.json"
+}
+bench() {
+  header "retractions and steps in GEMM units"
+  timeout -k 10 110 $PY scripts/gpu_bench.py --out "$OUT/bench.json"
+}
+step() {
+  header "a run step at 8192 x 128 fp32 qr Adam: the shadow on the GPU, on the CPU, none"
+  timeout -k 10 150 $PY scripts/gpu_step_profile.py --out "$OUT/step_profile.json" 2>&1 | head -60
+}
+validate() {
+  for dtype in float32 bfloat16; do
+    header "validate pitcheck.nn:make --device cuda --dtype $dtype"
+    timeout -k 10 50 $PY -m pitcheck.cli validate pitcheck.nn:make --device cuda --dtype $dtype \
+        --json "$OUT/validate_$dtype.json" 2>&1 | tail -20
+  done
+}
+nccl() {
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  header "2 ranks under NCCL on $gpus GPU(s)"
+  timeout -k 10 45 $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --shards 2 --vocab 1000 \
+      --dim 16 --steps 20 --out /tmp/nccl-run --force --no-progress 2>&1 | tail -8
+  echo "rc ${PIPESTATUS[0]}"
+}
+compare() {
+  header "compare --quick, torch cells on CUDA (auto)"
+  local t0=$SECONDS
+  rm -rf /tmp/quick-cuda
+  timeout -k 10 120 $PY -m pitcheck.cli compare --quick --out /tmp/quick-cuda --no-progress 2>&1 | tail -25
+  echo "compare wall $(( SECONDS - t0 )) s"
+  cp /tmp/quick-cuda/summary.csv "$OUT/compare_quick_summary.csv" 2>/dev/null
+  echo "cells by device:"; grep -ho '"device": *"[^"]*"' /tmp/quick-cuda/cells/*/manifest.json | sort | uniq -c
+}
+f8tests() {
+  header "tests/test_native_float8.py (one line per failure)"
+  timeout -k 10 45 $PY "${PYTEST[@]}" tests/test_native_float8.py 2>&1 | tail -30
+}
+
 {
   nvidia-smi -L 2>&1
   $PY -c "import torch, numpy, ml_dtypes, threadpoolctl; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', 'numpy', numpy.__version__, 'ml_dtypes', ml_dtypes.__version__)"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+SECTIONS=("$@")
+[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(tests float8 runs bench step validate nccl compare f8tests)
+for name in "${SECTIONS[@]}"; do
+  case $name in
+    tests|float8|runs|bench|step|validate|nccl|compare|f8tests) ;;
+    *) echo "unknown section $name" >&2; exit 2 ;;
+  esac
+done
 {
-  section "pytest: CUDA tests, native float8, engine, placements"
-  timeout -k 10 100 $PY -m pytest -q -p no:cacheprovider -o addopts="" --tb=line -rf tests/test_torch_backend.py tests/test_native_float8.py \
-      tests/test_engine.py tests/test_placement.py 2>&1 | tail -60
-  section "native float8 against the emulation"
-  timeout -k 10 70 $PY scripts/native_float8_check.py --out "$OUT/native_float8.json" | tail -30
-  section "runs on CUDA (8192 x 128, 200 steps, qr, Adam)"
-  timeout -k 10 100 $PY scripts/gpu_runs.py --steps 200 --out "$OUT/runs.json"
-  section "retractions and steps in GEMM units"
-  timeout -k 10 110 $PY scripts/gpu_bench.py --out "$OUT/bench.json"
-  for dtype in float32 bfloat16; do
-    section "validate pitcheck.nn:make --device cuda --dtype $dtype"
-    timeout -k 10 45 $PY -m pitcheck.cli validate pitcheck.nn:make --device cuda --dtype $dtype --json "$OUT/validate_$dtype.json" 2>&1 | tail -20
-  done
-  section "2 ranks under NCCL on $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s)"
-  timeout -k 10 40 $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --shards 2 --vocab 1000 --dim 16 \
-      --steps 20 --out /tmp/nccl-run --no-progress 2>&1 | tail -8
-  section done
-} 2>&1 | tee "$OUT/log.txt"
+  for name in "${SECTIONS[@]}"; do "$name"; done
+  header done
+} 2>&1 | tee -a "$OUT/log.txt"

@@ -253,6 +253,18 @@ def test_bad_arguments_are_one_line_errors():
         ShardedPool(2, timeout=0)
 
 
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts(monkeypatch, gpus):
+    # NCCL's own error ("Duplicate GPU detected") comes only at the first collective, from inside a rank
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    started = []
+    monkeypatch.setattr("torch.multiprocessing.get_context", lambda *a: started.append(a) or pytest.fail("spawned"))
+    with pytest.raises(PitcheckError, match=f"one GPU per rank.*{'3 ranks' if gpus else 'no CUDA device'}"):
+        ShardedPool(3, backend="nccl")
+    assert started == []
+
+
 def test_no_process_group_outside_torchrun_is_a_clear_error(monkeypatch):
     from pitcheck.sharded import ensure_process_group
 

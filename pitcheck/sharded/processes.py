@@ -50,6 +50,18 @@ def default_backend(device) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
+def _check_one_gpu_per_rank(world_size: int) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected", at the first collective, after every
+    rank has started): say so before spawning anything."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if world_size > count:
+        raise PitcheckError(f"NCCL needs one GPU per rank: {world_size} ranks asked for, torch sees {count} CUDA "
+                            f"device(s); use at most {count} shards, or --device cpu (gloo)" if count else
+                            f"NCCL needs one GPU per rank, and torch sees no CUDA device; use --device cpu (gloo)")
+
+
 def _as_timedelta(timeout_s: float) -> datetime.timedelta:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise PitcheckError(f"timeout must be a positive number of seconds, got {timeout_s!r}")
@@ -151,6 +163,8 @@ class ShardedPool:
         if backend not in ("gloo", "nccl"):
             raise PitcheckError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
         _as_timedelta(timeout)
+        if backend == "nccl":
+            _check_one_gpu_per_rank(world_size)
         # a collective times out well inside the task's limit, so that the ranks left waiting on a hung
         # peer report it before the launcher gives up, and the one that said nothing is named
         self.collective_timeout = float(collective_timeout) if collective_timeout is not None else timeout / 2
