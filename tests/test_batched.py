@@ -46,7 +46,7 @@ def alone_and_batched(configs: list[RunConfig], tmp: Path):
 def four_cells(precision: str, retraction: str, vocab: int = 32, dim: int = 4, steps: int = 12) -> list[RunConfig]:
     """Seeds, adversaries and learning rates differ: what a batch shares is shape, policy and retraction."""
     return [RunConfig(precision=precision, retraction=retraction, vocab=vocab, dim=dim, steps=steps,
-                      records_per_decade=1, seed=seed, adversary=adversary, lr=lr)
+                      records_per_decade=1, seed=seed, adversary=adversary, lr=lr, device="cpu")
             for seed, adversary, lr in ((0, "gaussian", 0.01), (1, "gaussian", 0.05),
                                         (2, "dense_output,sparse_input", 0.01), (3, "dense_output,sparse_input", 0.03))]
 
