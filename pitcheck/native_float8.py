@@ -157,8 +157,24 @@ def scaled_mm(a, w, recipe_a: str | Recipe, recipe_w: str | Recipe):
             scale_a = scale_a.expand(M + pad_m, 1).contiguous() if not rows_a else scale_a
             scale_w = scale_w.expand(1, N + pad_n).contiguous() if not rows_w else scale_w
         # column-major second operand, as the CUDA kernels require
-        out += torch._scaled_mm(block_a, block_w.T, scale_a=scale_a, scale_b=scale_w, out_dtype=torch.float32)
+        out += _scaled_mm(block_a, block_w.T, scale_a, scale_w)
     return out[:M, :N]
+
+
+def _scaled_mm(a, b, scale_a, scale_b):
+    """torch._scaled_mm to fp32; a torch whose kernel for this device refuses the scales' layout is a one-line
+    error (torch 2.11's CPU kernel takes per-tensor scales only: an internal assert; pitcheck's floor, 2.13,
+    takes rowwise ones)."""
+    import torch
+
+    try:
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.float32)
+    except RuntimeError as exc:
+        if scale_a.numel() == 1 and scale_b.numel() == 1:
+            raise
+        raise PitcheckError(f"torch {torch.__version__}'s _scaled_mm on {a.device.type} refuses rowwise scales "
+                            f"({str(exc).strip().splitlines()[-1][:160]}); pitcheck needs torch 2.13 or later, or "
+                            "a per-tensor recipe") from None
 
 
 def gemm_error_bound(a_hat: np.ndarray, w_hat: np.ndarray, block: int) -> np.ndarray:

@@ -217,6 +217,20 @@ def test_scaled_mm_hands_torch_padded_shapes_and_a_column_major_second_operand(m
         assert tuple(sa) == (64, 1) and tuple(sb) == (1, 32)
 
 
+def test_a_torch_that_refuses_rowwise_scales_is_a_one_line_error(monkeypatch):
+    """torch 2.11's CPU kernel (below pitcheck's floor) raised an internal assert for rowwise scales."""
+    def old_torch(a, b, scale_a, scale_b, out_dtype):
+        if scale_a.numel() != 1 or scale_b.numel() != 1:
+            raise RuntimeError("(scale_a.numel() == 1 && scale_b.numel() == 1) INTERNAL ASSERT FAILED\n"
+                               "Now _scaled_mm only supports per-tensor scaling for CPU backend.")
+        return torch.zeros(a.shape[0], b.shape[1])
+
+    monkeypatch.setattr(torch, "_scaled_mm", old_torch)
+    with pytest.raises(PitcheckError, match="refuses rowwise scales .*only supports per-tensor.* torch 2.13"):
+        scaled_mm(_operand(20, 64, 1), _operand(16, 64, 2), "mxfp8", "mxfp8")
+    assert scaled_mm(_operand(20, 64, 1), _operand(16, 64, 2), "tensor-current", "tensor-current").shape == (20, 16)
+
+
 @pytest.mark.parametrize("pair", [("mxfp8", "tensor-current"), ("tensor-current", "block-128x128")])
 def test_a_per_tensor_operand_beside_a_blockwise_one_either_way_round(pair):
     a, w = _operand(20, 64, 9), _operand(40, 64, 10)
