@@ -119,9 +119,13 @@ def test_ray_gives_the_local_pool_s_results_bit_for_bit(tmp_path):
 
 
 def test_cells_on_cuda_request_a_gpu():
-    torch_auto = {"config": {"device": "auto", "backend": "torch"}}
+    torch_auto = {"config": {"device": "auto", "backend": "torch", "vocab": 2048, "dim": 32}}
     assert needs_gpu(torch_auto, cluster_gpus=True)
     assert not needs_gpu(torch_auto, cluster_gpus=False)
+    # a Z below GPU_MIN_ELEMENTS runs faster on a CPU core: 'auto' keeps it there (and asks Ray for no GPU)
+    assert not needs_gpu({"config": {"device": "auto", "backend": "torch", "vocab": 128, "dim": 8}}, cluster_gpus=True)
+    assert not needs_gpu({"config": {"device": "auto", "backend": "torch"}}, cluster_gpus=True)  # 1024 x 32
+    assert needs_gpu({"config": {"device": "cuda", "backend": "torch", "vocab": 128, "dim": 8}}, cluster_gpus=True)
     assert not needs_gpu({"config": {"device": "auto", "backend": "numpy"}}, cluster_gpus=True)
     assert needs_gpu({"config": {"device": "cuda", "backend": "torch"}}, cluster_gpus=False)
     assert not needs_gpu({"config": {"device": "cpu", "backend": "torch"}}, cluster_gpus=True)

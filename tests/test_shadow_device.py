@@ -50,7 +50,8 @@ def test_placement_is_numpy_on_cpu_and_torch_on_the_models_cuda_device(monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # nothing runs on CUDA here
     assert shadow_engine_placement(replace(CFG, device="cuda")) == ("torch", "cuda")
     assert shadow_engine_placement(replace(CFG, device="cuda:1")) == ("torch", "cuda:1")
-    assert shadow_engine_placement(replace(CFG, device="auto")) == ("torch", "cuda")
+    assert shadow_engine_placement(replace(CFG, device="auto", vocab=4096)) == ("torch", "cuda")
+    assert shadow_engine_placement(replace(CFG, device="auto")) == ("numpy", "cpu")  # 256 x 16: 'auto' keeps it on the CPU
     assert shadow_engine_placement(replace(CFG, device="cpu")) == ("numpy", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert shadow_engine_placement(replace(CFG, device="auto")) == ("numpy", "cpu")

@@ -87,10 +87,27 @@ def test_unknown_precision_and_missing_cuda_are_clear_errors(tmp_path):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16-mixed"])
 def test_cuda_runs_natively(tmp_path, precision):
-    rows = run(_cfg(precision=precision, device="auto"), tmp_path)
+    # 4096 x 16: the smallest Z that 'auto' puts on a GPU (GPU_MIN_ELEMENTS)
+    rows = run(_cfg(precision=precision, device="auto", vocab=4096), tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["device"].startswith("cuda") and manifest["emulated"] == []
     assert np.isfinite(rows[-1]["pinv_drift"])
+
+
+def test_auto_puts_only_a_large_torch_run_on_a_gpu(monkeypatch):
+    from pitcheck.trajectory import GPU_MIN_ELEMENTS, run_device
+    from pitcheck.trajectory.step import shadow_engine_placement
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    small, large = _cfg(device="auto", vocab=128, dim=8), _cfg(device="auto", vocab=GPU_MIN_ELEMENTS // 16, dim=16)
+    assert run_device(small) == "cpu" and run_device(large) == "cuda"
+    assert run_device(_cfg(device="auto", vocab=GPU_MIN_ELEMENTS // 16 - 1, dim=16)) == "cpu"
+    assert shadow_engine_placement(small) == ("numpy", "cpu") and shadow_engine_placement(large) == ("torch", "cuda")
+    assert run_device(_cfg(device="cuda:1", vocab=128, dim=8)) == "cuda:1"  # asked for: kept, however small
+    assert run_device(_cfg(device="cpu", vocab=8192, dim=128)) == "cpu"
+    assert run_device(RunConfig(precision="fp64", vocab=8192, dim=128)) == "cpu"  # the numpy reference
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run_device(large) == "cpu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])

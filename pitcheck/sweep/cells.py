@@ -16,7 +16,7 @@ from ..errors import PitcheckError
 from ..gradients import parse_adversary
 from ..policy import get_policy
 from ..rundir import read_events, read_manifest, read_metrics, write_atomic
-from ..trajectory import RunBreakdown, RunConfig, initial_state, make_engine, run
+from ..trajectory import GPU_MIN_ELEMENTS, RunBreakdown, RunConfig, initial_state, make_engine, run, run_device
 from .grid import Grid, adversary_label, configs
 from ..heads import get_head
 
@@ -94,7 +94,7 @@ def time_steps(config, steps: int = COST_STEPS, warmup: int = COST_WARMUP) -> fl
     sharded cell: its ranks share this machine's cores, so their step time says nothing of a cluster's."""
     if config.shards > 1:
         return float("nan")
-    engine = make_engine(config, config.backend, get_policy(config.precision), config.device)
+    engine = make_engine(config, config.backend, get_policy(config.precision), run_device(config))
     engine.initialise(*initial_state(config))
     names = parse_adversary(config.adversary)
     grads = [engine.gradients([n for n in names if n != "adaptive"] or ["gaussian"], config.seed, k,
@@ -148,7 +148,10 @@ def record_cost(task: dict, config, result: dict, error: PitcheckError | None, s
 
 
 def needs_gpu(task: dict, cluster_gpus: bool) -> bool:
-    """A cell runs on CUDA when its device says cuda, or says auto on the torch backend where GPUs are."""
+    """A cell runs on CUDA when its device says cuda, or says auto on the torch backend where GPUs are and its Z
+    is large enough to gain from one (trajectory.config.GPU_MIN_ELEMENTS)."""
     config = task["cells"][0].get("config", {}) if "cells" in task else task.get("config", {})
     device = str(config.get("device", "auto"))
-    return device.startswith("cuda") or (device == "auto" and config.get("backend") == "torch" and cluster_gpus)
+    large = int(config.get("vocab", RunConfig.vocab)) * int(config.get("dim", RunConfig.dim)) >= GPU_MIN_ELEMENTS
+    return device.startswith("cuda") or (device == "auto" and config.get("backend") == "torch" and cluster_gpus
+                                         and large)

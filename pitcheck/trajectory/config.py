@@ -212,6 +212,32 @@ def check_device(device: str, backend: str) -> None:
         raise PitcheckError(f"device {device}: the numpy backend runs on the CPU only (use --backend torch)")
 
 
+# 'auto' puts a run on CUDA only from this many entries of Z (V x D) up: below it a GPU step is kernel launches
+# and synchronisations. Measured on an H100 machine (scripts/device_crossover.py, results/gpu/h100/crossover.json;
+# torch fp32 qr, the CPU at one thread as compare's pool pins it), ms a whole run step CPU / CUDA: 128 x 8
+# 1.97 / 6.89, 512 x 16 2.60 / 5.71, 2048 x 64 19.2 / 14.4, 8192 x 128 262 / 72.3: the ratio crosses 1 near 2^16.
+GPU_MIN_ELEMENTS = 2 ** 16
+
+
+def run_device(config) -> str:
+    """The device a run's arithmetic runs on: its device as given (cpu, cuda, cuda:N); 'auto' is CUDA where torch
+    sees one and Z has at least GPU_MIN_ELEMENTS entries, else the CPU. The numpy backend's is the CPU."""
+    if config.backend == "numpy":
+        return "cpu"
+    if config.device != "auto":
+        return config.device
+    return auto_device(config.vocab * config.dim)
+
+
+def auto_device(elements: int) -> str:
+    """What 'auto' resolves to for a Z of `elements` entries on this machine (see GPU_MIN_ELEMENTS)."""
+    if elements < GPU_MIN_ELEMENTS:
+        return "cpu"
+    import torch  # deferred: seconds to import, and only a large torch run needs it here
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_device_present(device: str) -> None:
     """A CUDA device asked for is one torch sees on this machine."""
     if not device.startswith("cuda"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine import Engine, StateBreakdown, resolve_device
+from ..engine import Engine, StateBreakdown
 from ..errors import PitcheckError
 from ..events import skips_step
 from ..heads import get_head
@@ -13,7 +13,7 @@ from ..metrics import drift_bound
 from ..policy import get_policy
 from ..reference import polar_memory, random_memory, spd_with_condition
 from ..sources import stateful_source
-from .config import RunConfig
+from .config import RunConfig, run_device
 from .teacher import load_teacher
 
 
@@ -37,7 +37,7 @@ def shadow_engine_placement(config: RunConfig) -> tuple[str, str]:
     Either way the shadow steps on the model's numpy float64 gradients; only its arithmetic's device moves.
     Tests monkeypatch this function to run a torch float64 shadow on the CPU.
     """
-    device = resolve_device(config.device)
+    device = run_device(config)
     if device.startswith("cuda"):
         return "torch", device
     return "numpy", "cpu"
@@ -82,7 +82,7 @@ class Lockstep:
     def __init__(self, config: RunConfig):
         self.config = config
         self.policy = get_policy(config.precision)
-        self.engine = make_engine(config, config.backend, self.policy, config.device)
+        self.engine = make_engine(config, config.backend, self.policy, run_device(config))
         self.shadow = None
         if config.backend == "torch" and config.shadow:
             backend, device = shadow_engine_placement(config)
