@@ -67,6 +67,52 @@ def test_reference_module_passes_its_own_validator(dtype):
         assert [c.verdict for c in result.checks] == ["pass"] * len(result.checks), result.table()
 
 
+def test_reference_module_passes_the_gradients_check_in_bfloat16_at_the_default_size():
+    # V = 2048, D = 32, seed 0: the random direction is nearly orthogonal to the gradient (sum |g_i d_i| is
+    # 8450 x |sum g_i d_i|), which made the bfloat16 derivative's relative error 40 x the unit before the
+    # difference was taken relative to sum |g_i d_i|; the per-parameter gradients measure ~0.5 units
+    result = validate("pitcheck.nn:make", "bfloat16", checks=["gradients"])
+    check = result.by_name()["gradients"]
+    assert check.verdict == "pass" and check.value < 2, result.table()
+    rows = {d["state"]: d for d in check.details}
+    assert {d["verdict"] for d in rows.values()} == {"pass"}, check.details
+    assert {"bfloat16 vs float64 gradient of Z", "bfloat16 vs float64 gradient of L_raw"} <= set(rows)
+
+
+# wrong backwards planted in pitcheck.nn.PIT: under bfloat16 only (so the float64 build, whose autograd the
+# bfloat16 one is compared with, is right) or in every build (float32 is judged by its own differences)
+PLANTED_BACKWARD = {
+    # every parameter's gradient 1.5 x (50 %: 87 units in bfloat16 at cond(T) 1.47)
+    "scaled": "        for p in self.parameters():\n"
+              "            p.register_hook(lambda g: {scale} * g)\n",
+    # the head's dense gradient into the memory dropped (Z detached in logits)
+    "missing_term": "        inner = self._memory\n"
+                    "        self._memory = lambda z: inner(z.detach() if z is self.Z else z)\n",
+}
+
+
+@pytest.mark.parametrize("dtype,bug,scale", [("bfloat16", "scaled", 1.5), ("bfloat16", "missing_term", None),
+                                             ("float32", "scaled", 1.05), ("float32", "missing_term", None)])
+def test_a_planted_wrong_backward_fails_the_gradients_check_at_the_default_size(tmp_path, dtype, bug, scale):
+    only_half = dtype == "bfloat16"
+    (tmp_path / "planted.py").write_text(
+        "from pitcheck.nn import HALF, PIT\n"
+        "class Planted(PIT):\n"
+        "    def __init__(self, *a, **kw):\n"
+        "        super().__init__(*a, **kw)\n"
+        f"        if {only_half} and self.dtype not in HALF:\n"
+        "            return\n" + PLANTED_BACKWARD[bug].format(scale=scale) +
+        "def make(V, D, **kw):\n"
+        "    return Planted(V, D, **kw)\n")
+    result = validate(f"{tmp_path / 'planted.py'}:make", dtype, checks=["gradients"])
+    assert result.failed() == ["gradients"], result.table()
+    failed = [d["state"] for d in result.by_name()["gradients"].details if d["verdict"] == "fail"]
+    if only_half:  # the float64 build is right: the per-parameter comparison is what sees it
+        assert failed and all(" gradient of " in s for s in failed), failed
+    else:
+        assert failed == ["autograd vs finite differences (float32)"], failed
+
+
 def test_a_bfloat16_parameter_in_the_float64_build_limits_the_finite_differences():
     # broken_bf16_storage keeps Z in bfloat16 whatever it is asked; under a bfloat16 request its autograd is
     # right, but differences shifted onto a bfloat16 Z cannot check it: inconclusive, not a false failure

@@ -778,6 +778,51 @@ def test_gradients_under_test_against_the_float64_autograd():
     assert r.verdict == "fail"
 
 
+def test_gradients_under_test_relative_to_the_magnitude_of_the_terms():
+    # pitcheck.nn in bfloat16 at V = 2048, D = 32, seed 0 (measured): the derivative along the random direction
+    # is 8450 x smaller than sum |g_i d_i|, so each g_i's rounding, amplified, is 40 units of |ad|, and
+    # 0.005 units of sum |g_i d_i|, the scale of the dot product's forward error bound
+    ctx = Context("bfloat16", UBF, 2048, 32)
+    ad, test, magnitude, cond = 0.0016620493, 0.0012752402, 14.05, 1.4721
+    f = dict(autograd=ad, finite_difference=ad, fd_at_step=ad, fd_at_half_step=ad, fd_dtype="float64",
+             reference_dtype="float64", state_transfer_error=0.0, autograd_under_test=test, cond_T=cond)
+    r = checks.check_gradients(grad_probe(**f), ctx)
+    assert r.verdict == "fail" and r.details[1]["ratio"] == pytest.approx(40.47, rel=1e-3)  # without it
+    r = checks.check_gradients(grad_probe(**f, autograd_magnitude=magnitude), ctx)
+    row = r.details[1]
+    assert r.verdict == "pass" and row["autograd_magnitude"] == magnitude
+    assert row["ratio"] == pytest.approx(abs(test - ad) / magnitude / ctx.unit(cond), rel=1e-9)
+    # a magnitude below |ad| (impossible for sum |g_i d_i|) never makes the comparison stricter
+    r = checks.check_gradients(grad_probe(**f, autograd_magnitude=1e-9), ctx)
+    assert r.details[1]["ratio"] == pytest.approx(40.47, rel=1e-3)
+
+
+def test_gradients_each_parameter_against_the_float64_gradient_in_norm():
+    f = dict(autograd=0.5, finite_difference=0.5, fd_at_step=0.5, fd_at_half_step=0.5, fd_dtype="float64",
+             reference_dtype="float64", state_transfer_error=0.0, autograd_under_test=0.5, cond_T=2.0,
+             autograd_magnitude=10.0)
+    unit = FP32.unit(2.0)
+    blocks = [{"parameter": "Z", "norm": 4.0, "difference": 4.0 * 3 * unit},
+              {"parameter": "L", "norm": 3.0, "difference": 0.0},
+              {"parameter": "unused", "norm": 0.0, "difference": 0.0}]
+    r = checks.check_gradients(grad_probe(**f, gradient_blocks=blocks), FP32)
+    rows = {d["state"]: d for d in r.details}
+    assert r.verdict == "pass"
+    assert rows["float32 vs float64 gradient of Z"]["ratio"] == pytest.approx(3.0, rel=1e-9)
+    assert rows["float32 vs float64 gradient of L"]["ratio"] == 0.0
+    assert rows["float32 vs float64 gradient of unused"]["ratio"] == 0.0
+    # a scaled gradient (1.5 x) fails, whatever the random direction's derivative says
+    blocks[1]["difference"] = 0.5 * 3.0
+    r = checks.check_gradients(grad_probe(**f, gradient_blocks=blocks), FP32)
+    assert r.verdict == "fail" and "gradient of L" in r.reason
+    # a gradient where float64 has none is measured against the whole gradient's norm (5)
+    blocks[1]["difference"] = 0.0
+    blocks[2]["difference"] = 5.0 * 20 * unit
+    r = checks.check_gradients(grad_probe(**f, gradient_blocks=blocks), FP32)
+    assert r.verdict == "fail"
+    assert {d["state"]: d for d in r.details}["float32 vs float64 gradient of unused"]["ratio"] == pytest.approx(20.0)
+
+
 def test_gradients_builds_left_apart_by_their_state_dict_are_not_compared():
     # the dtype's autograd is compared only where loading the reference build's state_dict put both builds at
     # the same point: embeddings apart by at most TAU units (cond 3: unit 3 UNIT32). The differences were

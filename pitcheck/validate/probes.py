@@ -416,14 +416,13 @@ def probe_conditioning(h: Harness, conds=(), **_) -> Probe:
     return out
 
 
-def _directional(h: Harness, loss_fn, direction) -> float:
-    """d/dt loss(params + t direction) at t = 0 by autograd."""
+def _gradients(h: Harness, loss_fn) -> list:
+    """Autograd's gradient of loss_fn() for each trainable parameter (zeros where none reaches it)."""
     params = [p for p in h.module.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
     loss_fn().backward()
-    grads = [p.grad if p.grad is not None else h.torch.zeros_like(p) for p in params]
-    return h.dot(params, grads, direction)
+    return [p.grad.detach().clone() if p.grad is not None else h.torch.zeros_like(p) for p in params]
 
 
 def _shift(h: Harness, direction, t: float) -> None:
@@ -463,7 +462,8 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
     out.facts["parameters"] = len(params)
     if not params:
         return out
-    ad = _directional(work, loss_of(work), direction)
+    g_wide = _gradients(work, loss_of(work))
+    ad = work.dot(params, g_wide, direction)
     fd = {}
     u = float(torch.finfo(fd_dtype).eps) / 2
     snapshot = {k: v.detach().clone() for k, v in work.module.state_dict().items()}
@@ -487,7 +487,22 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
         h.module.load_state_dict(work.module.state_dict())
         h_params = [p for p in h.module.parameters() if p.requires_grad]
         if len(h_params) == len(params):
-            out.facts["autograd_under_test"] = _directional(h, loss_of(h), direction)
+            g_test = _gradients(h, loss_of(h))
+            out.facts["autograd_under_test"] = h.dot(h_params, g_test, direction)
+            # the size of the terms the derivative sums: sum_i |g_i d_i| of the widest build. A random
+            # direction is nearly orthogonal to the gradient in V D dimensions, so |sum_i g_i d_i| may be far
+            # below it, and the dtype's rounding of each g_i is then amplified in the sum (check_gradients)
+            out.facts["autograd_magnitude"] = work.dot(params, [g.abs() for g in g_wide], [d.abs() for d in direction])
+            if all(a.shape == b.shape for a, b in zip(h_params, params)):
+                # each parameter's gradient against the widest build's, in norm: the derivatives along the
+                # worst direction in that parameter's block, which no cancellation hides
+                names = [n for n, p in work.module.named_parameters() if p.requires_grad]
+                blocks = []
+                for name, p_test, p_wide, a, b in zip(names, h_params, params, g_test, g_wide):
+                    diff = a.to(torch.float64) - b.to(a.device, torch.float64)
+                    blocks.append({"parameter": name, "norm": math.sqrt(work.squared_norm([p_wide], [b])),
+                                   "difference": math.sqrt(h.squared_norm([p_test], [diff]))})
+                out.facts["gradient_blocks"] = blocks
             # state the state_dict does not carry (a memory kept outside parameters and buffers) leaves the
             # two builds at different points, where their derivatives need not agree
             with torch.no_grad():
