@@ -202,10 +202,27 @@ def round_float32(x, fmt: Format):
     if x.dtype != torch.float32 or fmt.emin != -126 or fmt.emax != 127:
         return round_to(x, fmt)
     drop = 24 - fmt.p
+    if x.device.type == "cpu" and not x.requires_grad:
+        return torch.from_numpy(_round_float32_bits(x.numpy(), drop))
     bits = x.view(torch.int32)
     bias = (1 << (drop - 1)) - 1 + ((bits >> drop) & 1)
     y = ((bits + bias) & ~((1 << drop) - 1)).view(torch.float32)
     return torch.where(torch.isfinite(x), y, x)
+
+
+def _round_float32_bits(a: np.ndarray, drop: int) -> np.ndarray:
+    """round_float32's arithmetic in numpy on a CPU tensor's memory: the same bits at a quarter of the time
+    at the default grid's sizes (torch dispatches seven small kernels; tf32 cells round every operand)."""
+    bits = a.view(np.int32)
+    y = (bits >> drop) & 1
+    y += bits
+    y += (1 << (drop - 1)) - 1  # int32 wraps only for NaN payloads, which are put back below
+    y &= ~((1 << drop) - 1)
+    out = y.view(np.float32)
+    if not np.isfinite(a).all():
+        nonfinite = ~np.isfinite(a)
+        out[nonfinite] = a[nonfinite]
+    return out
 
 
 def linalg_errors() -> tuple[type, ...]:

@@ -51,6 +51,21 @@ def test_round_float32_bf16_ties_and_non_finite_pass_through():
     assert torch.isnan(y[4]) and y[5].item() == 0.0 and torch.signbit(y[6])
 
 
+@pytest.mark.parametrize("fmt", [TF32, BF16])
+def test_round_float32_on_a_cpu_tensors_memory_gives_torchs_bits(fmt):
+    """The numpy path (CPU tensors without grad) against the torch kernels (a tensor that requires grad takes
+    them): every bit pattern class, NaN payloads and both infinities, strided views included."""
+    rng = np.random.default_rng(5)
+    patterns = rng.integers(-2**31, 2**31 - 1, size=200_002, dtype=np.int64).astype(np.int32)  # + 9 = 7 x 28573
+    specials = np.array([0x7F800000, -0x800000, 0x7FFFFFFF, -1, 0x7FC00000, 0x7F7FFFFF, 1, 0, -2**31], np.int32)
+    x = torch.from_numpy(np.concatenate([patterns, specials]).view(np.float32).copy())
+    for view in (x, x.reshape(-1, 7)[:, 1:5], x.reshape(-1, 7).T):
+        fast = round_float32(view, fmt)
+        with_grad = round_float32(view.clone().requires_grad_(True), fmt).detach()
+        assert fast.shape == view.shape and torch.equal(fast.view(torch.int32), with_grad.view(torch.int32))
+    assert np.array_equal(x.numpy().view(np.int32), np.concatenate([patterns, specials]))  # x untouched
+
+
 def test_round_float32_overflows_to_inf_at_float32_max():
     """float32's largest value is above tf32's largest plus half a tf32 spacing: it rounds to inf."""
     big = torch.finfo(torch.float32).max
