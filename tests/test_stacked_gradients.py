@@ -13,10 +13,14 @@ from pitcheck.stacked_gradients import stacked_gradients
 from tests.test_gradient_stream_exact import assert_same_bits, model_pair
 
 ADVERSARIES = [["gaussian"], ["dense_output", "sparse_input"]]  # the default compare grid's
-MIXED = ADVERSARIES + [["dense_output"], ["sparse_input", "gaussian"], ["gaussian", "spike"], ["rank1"]]
+MIXED = ADVERSARIES + [["dense_output"], ["sparse_input"], ["sparse_input", "gaussian"], ["gaussian", "spike"],
+                       ["rank1"]]
+# batch sizes shared by cells of other exponents and scales; input_scale 0 makes sparse_input's -0.0s, which
+# gradient()'s zeros-started sum turns into +0.0
 PARAMS = [AdversaryParams(), AdversaryParams(batch=7, zipf_exponent=0.6, input_scale=0.37),
           AdversaryParams(batch=1, zipf_exponent=2.5, input_scale=3.0),
-          AdversaryParams(spike_probability=0.5, burst_probability=0.5)]
+          AdversaryParams(spike_probability=0.5, burst_probability=0.5, input_scale=0.5, zipf_exponent=1.6),
+          AdversaryParams(batch=7, input_scale=0.0)]
 SHAPES = [(128, 8), (32, 4), (17, 3), (256, 16)]
 
 
