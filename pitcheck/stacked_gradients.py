@@ -1,8 +1,8 @@
 """A batch's gradients computed as one stack (issue 16): the bits of `gradients.gradient` run cell by cell.
 
 Each cell still draws from its own streams (`np.random.default_rng([seed, step, index])`'s per component,
-built by seed_streams, the same draws in the same order); only the arithmetic after the draws runs on the whole stack (3-D
-matmuls, one softmax, one scatter-add), which gives each cell the same bits as its own 2-D call: numpy's
+built by seed_streams; the same draws in the same order); only the arithmetic after the draws runs on the
+whole stack (3-D matmuls, one softmax, one scatter-add), which gives each cell the bits of its own 2-D call: numpy's
 matmul hands every matrix of a stack to the same BLAS call a lone matrix gets, elementwise ops do not
 depend on the array's shape, and the reductions (softmax's max and sum) run over the last axis row by row
 in both. The Cholesky solves stay per cell (LAPACK potrs on each cell's own factor).
@@ -20,8 +20,6 @@ import scipy.linalg
 
 from .gradients import AdversaryParams, _zipf_ids, gradient
 from .seed_streams import covered, generators
-
-STACKED_MODELS = ("gaussian", "dense_output", "sparse_input")
 
 # sparse_input's solve: the LAPACK routine _cho_solve_lower calls for float64 input, looked up once
 _POTRS, = scipy.linalg.get_lapack_funcs(("potrs",), (np.zeros((1, 1)),))
