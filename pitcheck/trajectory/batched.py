@@ -25,7 +25,8 @@ import numpy as np
 
 from ..batched_engine import StackedPit, unstackable
 from ..errors import PitcheckError
-from ..gradients import gradient, parse_adversary
+from ..gradients import parse_adversary
+from ..stacked_gradients import stacked_gradients
 from ..threads import thread_policy
 from .config import recorded_steps
 from .loop import RunInterrupted, Trajectory, interrupted_message
@@ -121,11 +122,10 @@ class StackedRuns:
                 engine.opt_step = start + since
 
     def gradients(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every run's gradients at its stored state (PitHead.model_gradients, run by run)."""
-        Z, L = self.model.stored()
-        grads = [gradient(names, Z[k], L[k], t.config.seed, step, t.config.adversary_params)
-                 for k, (t, names) in enumerate(zip(self.runs, self.names))]
-        return np.stack([g for g, _ in grads]), np.stack([np.tril(g) for _, g in grads])
+        """Every run's gradients at its stored state (PitHead.model_gradients' bits, each run's own streams)."""
+        GZ, GL = stacked_gradients([(names, t.config.seed, t.config.adversary_params)
+                                    for t, names in zip(self.runs, self.names)], *self.model.stored(), step)
+        return GZ, np.tril(GL)
 
     def step(self) -> None:
         """One step of every run; a run whose step the stack cannot take goes on alone from before it."""
