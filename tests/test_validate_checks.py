@@ -165,6 +165,77 @@ def test_trajectory_that_never_moved_is_inconclusive():
     assert verdict("trajectory", probe_of(("step 0", (E, W)))).verdict == "inconclusive"
 
 
+def with_shadow(probe, shadows):
+    """The float64 build's maps beside each named state (as the penrose and trajectory probes record them)."""
+    for label, (E, W) in shadows.items():
+        probe.arrays[f"E64:{label}"], probe.arrays[f"W64:{label}"] = E, W
+    return probe
+
+
+def shadowed(check, delta, ctx=BF16W):
+    """bfloat16 maps of an exact pair at cond 1 (a pass in bfloat16) beside a float64 build whose head is
+    (1 + delta) times the exact one: W E - I = delta I, so its penrose residual, ||W E - I||_F / sqrt(D) and
+    max |eig(W E) - 1| are all delta."""
+    E, W = rounded_maps(cond=1.0, dtype="float64")
+    own = [("step 0", rounded_maps(cond=1.0, dtype="bfloat16")), ("step 40", rounded_maps(cond=1.0, dtype="bfloat16", seed=1))]
+    probe = probe_of(*own)
+    return verdict(check, with_shadow(probe, {"step 40": (E, W * (1 + delta))}), ctx)
+
+
+FINE = Context("float32", U32, VW, D).unit(1.0)  # the float64 build is judged in float32 units
+
+
+@pytest.mark.parametrize("check", ["penrose", "trajectory"])
+def test_a_half_precision_pass_is_inconclusive_where_the_float64_build_shows_a_defect(check):
+    # the boundary: TAU float32 units of the float64 build's error (3.7e-6 at cond 1), far below bfloat16's unit
+    below, above = shadowed(check, 0.9 * TAU * FINE), shadowed(check, 1.1 * TAU * FINE)
+    assert below.verdict == "pass", below.reason
+    assert above.verdict == "inconclusive" and "step 40: the float64 build of the target" in above.reason
+    assert "validate in float32 or float64" in above.reason
+    rows = [d for d in above.details if d["measure"].startswith("float64 build:")]
+    assert len(rows) == 3 and all(d["ratio_build_units"] == pytest.approx(1.1 * TAU, rel=1e-3) for d in rows)
+    # the value is still what bfloat16 measured itself, not the float64 build's float32 ratio
+    assert above.value == below.value < 4
+    # a defect of a few percent (2.5 bfloat16 units, as broken_no_retraction at 40 steps): inconclusive too
+    assert shadowed(check, 0.01).verdict == "inconclusive"
+
+
+def test_the_float64_build_does_not_judge_float32_or_hide_a_failure():
+    # float32 judges its own maps in the same units: the float64 build adds nothing (and is not consulted)
+    E, W = rounded_maps(cond=1.0, dtype="float64")
+    ok = probe_of(("step 0", rounded_maps(cond=1.0)), ("step 40", rounded_maps(cond=1.0, seed=1)))
+    result = verdict("trajectory", with_shadow(ok, {"step 40": (E, W * 1.01)}))
+    assert result.verdict == "pass" and not [d for d in result.details if "float64 build" in d.get("measure", "")]
+    # bfloat16's own failure wins over the float64 build's inconclusive
+    bad = probe_of(("step 0", rounded_maps(cond=1.0, dtype="bfloat16")),
+                   ("step 40", rounded_maps(cond=1.0, dtype="bfloat16", stretch=0.1)))
+    result = verdict("trajectory", with_shadow(bad, {"step 40": (E, W * 1.01)}), BF16W)
+    assert result.verdict == "fail" and "float64 build" not in result.reason
+    # non-finite float64 maps beside finite bfloat16 ones: not a pass
+    nan = probe_of(("step 0", rounded_maps(cond=1.0, dtype="bfloat16")), ("step 40", rounded_maps(cond=1.0, dtype="bfloat16", seed=1)))
+    result = verdict("trajectory", with_shadow(nan, {"step 40": (E * np.nan, W)}), BF16W)
+    assert result.verdict == "inconclusive" and "non-finite" in result.reason
+
+
+@pytest.mark.parametrize("storage,expected", [("bfloat16", "pass"), ("float16", "inconclusive"),
+                                              ("float16-small", "pass")])
+def test_the_float64_build_is_judged_in_units_of_the_coarsest_dtype_it_stores(storage, expected):
+    # a build asked for float64 that keeps Z in bfloat16 (broken_bf16_storage) rounds as a bfloat16 request
+    # does: under bfloat16 it is not consulted; one keeping float16 is judged in float16 units (u = 2^-11)
+    delta = 0.01 if storage != "float16-small" else 0.9 * TAU * Context("float16", 2.0**-11, VW, D).unit(1.0)
+    E, W = rounded_maps(cond=1.0, dtype="float64")
+    probe = probe_of(("step 0", rounded_maps(cond=1.0, dtype="bfloat16")),
+                     ("step 40", rounded_maps(cond=1.0, dtype="bfloat16", seed=1)))
+    probe.facts["shadow_storage"] = storage.split("-")[0]
+    result = verdict("trajectory", with_shadow(probe, {"step 40": (E, W * (1 + delta))}), BF16W)
+    assert result.verdict == expected, result.reason
+    if storage == "bfloat16":
+        assert "not consulted: it stores bfloat16" in [d.get("reason") for d in result.details]
+    else:
+        rows = [d for d in result.details if "ratio_build_units" in d]
+        assert rows and {d["build_units"] for d in rows} == {"float16"}
+
+
 def test_non_finite_maps_fail():
     E, W = rounded_maps()
     E[3, 1] = np.nan

@@ -353,12 +353,46 @@ def probe_contract(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
     return out
 
 
-def probe_penrose(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
+def synced_shadow(h: Harness, shadow):
+    """`shadow` (the target built in float64) put at h's state, or None where there is none or the state
+    does not transfer (the judging then has no float64 build to consult)."""
+    if shadow is None:
+        return None
+    try:
+        shadow.module.load_state_dict(h.module.state_dict())
+    except Exception:
+        return None
+    return shadow
+
+
+def add_shadow_maps(out: Probe, label: str, shadow) -> None:
+    """The float64 build's maps beside state `label`'s: what the same code does without the rounding of the
+    dtype under test (checks.judge_shadow)."""
+    E64, W64 = shadow.maps()
+    out.arrays[f"E64:{label}"] = E64
+    out.arrays[f"W64:{label}"] = W64
+    # the build is no finer than the coarsest tensor it keeps: one asked for float64 that stores Z in
+    # bfloat16 shows bfloat16 rounding, not a defect
+    torch = shadow.torch
+    stored = [t.dtype for t in list(shadow.module.parameters()) + list(shadow.module.buffers()) if t.is_floating_point()]
+    out.facts["shadow_storage"] = _dtype_name(max([shadow.dtype] + stored, key=lambda dt: torch.finfo(dt).eps))
+
+
+def probe_penrose(h: Harness, generic_cond: float = 10.0, shadow=None, **_) -> Probe:
+    """The maps at initialisation, after 3 own steps and at cond(T) = generic_cond. `shadow` (the same target
+    built in float64, for a dtype narrower than float32) takes the same 3 steps from the same state."""
     out = Probe()
+    shadow = synced_shadow(h, shadow)
     out.add_state("init", *h.maps(), cond_target=1.0)
+    if shadow is not None:
+        add_shadow_maps(out, "init", shadow)
     for _ in range(3):
         h.own_step(h.random_loss())
+        if shadow is not None:
+            shadow.own_step(shadow.random_loss())  # the same draws: both generators start from the seed
     out.add_state("own steps", *h.maps(), cond_target=None)
+    if shadow is not None:
+        add_shadow_maps(out, "own steps", shadow)
     reached = h.drive_spectrum(generic_cond)
     out.add_state(f"cond {generic_cond:g}", *h.maps(), cond_target=generic_cond, cond_reached=reached)
     return out
@@ -546,14 +580,14 @@ def probe_trajectory(h: Harness, steps: int = 200, shadow=None, **_) -> Probe:
     marks = [m for m in marks if m <= steps]
     rng = np.random.default_rng(rng_seed)
     shadow_rng = np.random.default_rng(rng_seed)
-    if shadow is not None:
-        shadow.module.load_state_dict(h.module.state_dict())
+    shadow = synced_shadow(h, shadow)
     for step in range(steps + 1):
         if step in marks:
             E, W = h.maps()
             facts = {"step": step}
             if shadow is not None:
-                E64, W64 = shadow.maps()
+                add_shadow_maps(out, f"step {step}", shadow)
+                E64, W64 = out.arrays[f"E64:step {step}"], out.arrays[f"W64:step {step}"]
                 facts["shadow_E"] = float(np.linalg.norm(E - E64) / max(np.linalg.norm(E64), 1e-300))
                 facts["shadow_W"] = float(np.linalg.norm(W - W64) / max(np.linalg.norm(W64), 1e-300))
             out.add_state(f"step {step}", E, W, **facts)
