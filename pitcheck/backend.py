@@ -81,9 +81,7 @@ class ArrayBackend:
         if self.name == "numpy":
             return np.asarray(x, dtype=np.float64)
         if isinstance(x, np.ndarray):
-            x = self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
-            if self.device != "cpu":
-                x = x.to(self.device)
+            x = self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).to(self.device)
         dtype = self.dtypes[fmt]
         # x itself when it is held so already, as Tensor.to returns it, without its call (about 1 us, and a
         # batched step makes two dozen)

@@ -58,9 +58,11 @@ A, EN, GR = "pitcheck/arrays.py", "pitcheck/engine.py", "pitcheck/gradients.py"
 AMP, HD, OPT = "pitcheck/amp.py", "pitcheck/heads.py", "pitcheck/optim.py"
 TA, TE, TG = "tests/test_arrays.py::", "tests/test_engine.py::", "tests/test_gradients.py::"
 PLANTED += [
-    # tf32 operand rounding with ties away from zero instead of to even ...
+    # tf32 operand rounding with ties away from zero instead of to even (the numpy path CPU tensors take) ...
+    (A, "y = (bits >> drop) & 1", "y = np.ones_like(bits)", TA + "test_tf32_rounding_of_exact_ties_goes_to_even"),
+    # ... and in torch's kernels (tensors on CUDA or requiring grad), held to the numpy path's bits
     (A, "bias = (1 << (drop - 1)) - 1 + ((bits >> drop) & 1)", "bias = 1 << (drop - 1)",
-     TA + "test_tf32_rounding_of_exact_ties_goes_to_even"),
+     TA + "test_round_float32_on_a_cpu_tensors_memory_gives_torchs_bits"),
     # ... or keeping 12 significand bits instead of 11
     (A, "drop = 24 - fmt.p", "drop = 23 - fmt.p", TA + "test_tf32_rounding_keeps_11_bits_not_12"),
     # an emulated bf16/fp16 matmul that does not round its product back to the low format
