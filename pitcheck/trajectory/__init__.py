@@ -14,7 +14,7 @@ memory (refusing a V x D that cannot fit), step (the model and its shadow in loc
 manifest, the commit, resuming), loop (Trajectory: the loop, its signals and progress; `run`).
 """
 from .checkpoint import input_hashes, versions
-from .config import (GPU_MIN_ELEMENTS, MAX_COND, MAX_STEPS, RunConfig, auto_device, check_device,
+from .config import (GPU_MIN_ELEMENTS, MAX_COND, MAX_STEPS, RunConfig, check_device,
                      check_device_present, default_backend, recorded_steps, run_device)
 from .loop import RunBreakdown, RunInterrupted, Trajectory, run, skipped_steps
 from .memory import available_memory, check_memory
@@ -22,6 +22,6 @@ from .step import Lockstep, initial_state, make_engine
 from .teacher import load_teacher, teacher_header, teacher_shape, teacher_source
 
 __all__ = ["GPU_MIN_ELEMENTS", "MAX_COND", "MAX_STEPS", "Lockstep", "RunBreakdown", "RunConfig", "RunInterrupted",
-           "Trajectory", "auto_device", "available_memory", "check_device", "check_device_present", "check_memory",
+           "Trajectory", "available_memory", "check_device", "check_device_present", "check_memory",
            "default_backend", "initial_state", "input_hashes", "load_teacher", "make_engine", "recorded_steps", "run",
            "run_device", "skipped_steps", "teacher_header", "teacher_shape", "teacher_source", "versions"]

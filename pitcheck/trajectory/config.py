@@ -226,12 +226,7 @@ def run_device(config) -> str:
         return "cpu"
     if config.device != "auto":
         return config.device
-    return auto_device(config.vocab * config.dim)
-
-
-def auto_device(elements: int) -> str:
-    """What 'auto' resolves to for a Z of `elements` entries on this machine (see GPU_MIN_ELEMENTS)."""
-    if elements < GPU_MIN_ELEMENTS:
+    if config.vocab * config.dim < GPU_MIN_ELEMENTS:
         return "cpu"
     import torch  # deferred: seconds to import, and only a large torch run needs it here
 
