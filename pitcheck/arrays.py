@@ -40,6 +40,16 @@ def householder_qr(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return Q, R
 
 
+def householder_r(x: np.ndarray) -> np.ndarray:
+    """The R factor of householder_qr(x) alone (geqrf, no orgqr): the same bits as its R."""
+    rows, cols = x.shape
+    if x.dtype != np.float64 or rows < cols or cols == 0:
+        return np.linalg.qr(x, mode="r")
+    # info is nonzero only for an illegal argument, which the shapes above exclude
+    factors = lapack.dgeqrf(np.array(x, order="F"), lwork=_geqrf_lwork(rows, cols), overwrite_a=1)[0]
+    return np.triu(factors[:cols])
+
+
 class NumpyOps:
     """float64 numpy: the reference's namespace (no reduced-precision emulation needed)."""
 
@@ -78,6 +88,9 @@ class NumpyOps:
 
     def qr(self, x):
         return householder_qr(x)
+
+    def householder_r(self, x):
+        return householder_r(x)
 
     def eigh(self, x):
         return np.linalg.eigh(x)
@@ -160,6 +173,10 @@ class TorchOps:
 
     def qr(self, x):
         return self.torch.linalg.qr(x)
+
+    def householder_r(self, x):
+        """R of Householder QR (geqrf alone): torch.linalg.qr's R, without forming Q."""
+        return self.torch.geqrf(x)[0][: x.shape[1]].triu()
 
     def eigh(self, x):
         return self.torch.linalg.eigh(x)

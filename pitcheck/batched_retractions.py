@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from .retractions import _plain_torch, _sum_products
+from .retractions import QR_BY_SOLVE_MIN_ELEMENTS, _plain_torch, _sum_products, retract_qr
 
 
 # torch's CPU bmm/baddbmm compute a product of fewer multiply-adds than this (rows x inner x columns) by a
@@ -138,6 +138,9 @@ def _none_failed(Z) -> np.ndarray:
 
 
 def stacked_qr(Z, xi, ops: StackedOps):
+    if Z.shape[-2] * Z.shape[-1] >= QR_BY_SOLVE_MIN_ELEMENTS:  # retract_qr may form Q by a solve there
+        stack = ops.torch.stack if ops.torch else np.stack
+        return stack([retract_qr(z, x, ops.base) for z, x in zip(Z, xi)]), _none_failed(Z)
     Q, R = ops.qr(Z + xi)
     # row-major, as _scale_columns_into_row_major writes it (a column-major Z is another checkpoint file)
     return ops.contiguous(Q * ops.sign_nonzero(ops.diagonal(R))[..., None, :]), _none_failed(Z)
