@@ -54,7 +54,7 @@ TARGETS = [  # issues 9 and 16: (what, shape or None for every shape timed, ceil
 class Case:
     """Something to time at one shape: fn() does one unit of work (a retraction, a step, a record)."""
     name: str
-    kind: str  # gemm, retraction, peer, step, metrics, run, record (the amortised rows: runstep)
+    kind: str  # gemm, floor (another library's GEMM), retraction, peer, step, metrics, run, record (amortised: runstep)
     fn: object
     vocab: int
     dim: int
@@ -398,7 +398,11 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
     for V, D in [*shapes, *extra]:
         check_memory(V, D, "the benchmark")
         Z, xi = _tall_point(V, D, torch.float32)
-        cases = [Case("gemm", "gemm", lambda Z=Z: Z.T @ Z, V, D)]
+        # the unit is torch's GEMM (what the retractions call); numpy's BLAS doing the same product is
+        # timed beside it, for where the unit itself is not the machine's fastest GEMM
+        Zn = Z.numpy()
+        cases = [Case("gemm", "gemm", lambda Z=Z: Z.T @ Z, V, D),
+                 Case(NUMPY_GEMM, "floor", lambda Zn=Zn: Zn.T @ Zn, V, D)]
         timers = []
         if (V, D) not in extra:
             cases += retraction_cases(V, D, Z, xi, names)
@@ -466,6 +470,8 @@ def check_targets(results: list[dict], tracking: list[dict]) -> list[dict]:
 
 # ---------------------------------------------------------------- output
 
+NUMPY_GEMM = "numpy Z^T Z"
+
 # the retraction columns come in the registry's table order (retractions.in_table_order); the peers' order:
 PEER_ORDER = ["torch householder", "geoopt QR", "geoopt Cayley", "geotorch"]
 
@@ -481,7 +487,8 @@ def table(doc: dict) -> str:
                    key=lambda n: PEER_ORDER.index(n) if n in PEER_ORDER else 9)
     steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics", "runstep")},
                    key=lambda n: (n == "metrics", n.startswith("run"), n))
-    cols = names + peers + steps
+    floors = sorted({r["retraction"] for r in res if r["kind"] == "floor"})
+    cols = floors + names + peers + steps
     label = {n: (f"{n} (approx.)" if any(r["retraction"] == n and r.get("approximate") for r in res) else n)
              for n in cols}
     label.update({n: f"full {n}" for n in steps if n.startswith("step:")})
@@ -515,7 +522,9 @@ def report(doc: dict) -> str:
            f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, {_threads_text(m)} "
            f"({', '.join(m.get('pinned', []))} pinned), {m['clock']}, minimum of {doc['rounds']} interleaved rounds; "
            f"load average at the end {m.get('load_average')}.", "",
-           "Ratios to the Z^T Z GEMM of the same shape and dtype, timed in the same rounds.", "", table(doc), ""]
+           "Ratios to the Z^T Z GEMM of the same shape and dtype (torch's, which the retractions call), timed in "
+           f"the same rounds. `{NUMPY_GEMM}`: numpy's BLAS doing the same product on the same memory; below 1, "
+           "this machine has a faster GEMM than the unit.", "", table(doc), ""]
     if doc.get("not_run"):
         out += ["Not run:", ""] + [f"- {n['peer']} at {n['vocab']} x {n['dim']}: {n['status']}" for n in doc["not_run"]] + [""]
     if doc.get("scaling"):

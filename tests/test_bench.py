@@ -42,12 +42,15 @@ def test_json_schema_and_ratios(doc):
         assert math.isclose(r["ratio"], r["ms"] / r["gemm_ms"], rel_tol=2e-2, abs_tol=2e-3)
         assert (r["peer"] is None) == (r["kind"] != "peer")
     kinds = {r["kind"] for r in doc["results"]}
-    assert kinds == {"gemm", "retraction", "peer", "step", "metrics", "run", "record", "runstep"}
+    assert kinds == {"gemm", "floor", "retraction", "peer", "step", "metrics", "run", "record", "runstep"}
     gemm = [r for r in doc["results"] if r["kind"] == "gemm"]
     assert len(gemm) == 4 and all(r["ratio"] == 1.0 for r in gemm)
     # the run step's own shape, added to the shapes asked for: the GEMM and the run step only
     extra = {r["kind"] for r in doc["results"] if (r["vocab"], r["dim"]) == benchmark.RUN_STEP_SHAPE}
-    assert extra == {"gemm", "run", "record", "runstep"}
+    assert extra == {"gemm", "floor", "run", "record", "runstep"}
+    # numpy's GEMM on the same memory beside the unit, at every shape
+    floors = [r for r in doc["results"] if r["kind"] == "floor"]
+    assert len(floors) == 4 and all(r["retraction"] == benchmark.NUMPY_GEMM and r["ratio"] > 0 for r in floors)
     ns5 = [r for r in doc["results"] if r["retraction"] == "ns5"]
     assert ns5 and all(r["approximate"] for r in ns5)
 
@@ -76,7 +79,7 @@ def test_vv_peers_are_reported_not_run_above_the_limit():
 def test_table_and_report(doc):
     t = benchmark.table(doc)
     head = t.splitlines()[0]
-    for col in ("GEMM ms", "qr", "cholqr2", "ns5 (approx.)", "torch householder", "full step:qr", "metrics record"):
+    for col in ("GEMM ms", benchmark.NUMPY_GEMM, "qr", "cholqr2", "ns5 (approx.)", "torch householder", "full step:qr", "metrics record"):
         assert col in head
     assert "| 1024 x 4 |" in t
     rep = benchmark.report(doc)
@@ -111,7 +114,7 @@ def test_main_writes_json_and_out(tmp_path, capsys):
                                   no_steps=True, json=tmp_path / "b.json", out=tmp_path / "o"))
     assert code == 0
     doc = json.loads((tmp_path / "b.json").read_text())
-    assert {r["retraction"] for r in doc["results"]} == {"gemm", "qr", "cholqr2"}
+    assert {r["retraction"] for r in doc["results"]} == {"gemm", benchmark.NUMPY_GEMM, "qr", "cholqr2"}
     assert (tmp_path / "o" / "report.md").exists() and (tmp_path / "o" / "bench.png").stat().st_size > 1000
     assert "| 512 x 8 |" in capsys.readouterr().out
 
