@@ -99,6 +99,15 @@ def _ratio(num, den) -> float:
     raise PitcheckError("a relative residual's reference is zero (or underflows): the residual is undefined")
 
 
+def _ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """_ratio elementwise, in one pass (a record's 256 sampled rows took ~1 ms one by one)."""
+    positive = den > 0
+    if not (positive | (num == 0)).all():
+        _ratio(1.0, 0.0)  # raises _ratio's error
+    with np.errstate(invalid="ignore"):
+        return np.where(positive, num / np.where(positive, den, 1.0), 0.0)
+
+
 def _gram_deviation(Z: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         return Z.T @ Z - np.eye(Z.shape[1])
@@ -212,8 +221,7 @@ def trisolve_errors(Z, L, E_rows, ids, u: float, cond_T: float | None = None) ->
         resid = Z[ids].astype(EXTENDED) - (E_rows.astype(EXTENDED) @ Lx) @ Lx.T
         denom = np.linalg.norm(L, 1) * np.linalg.norm(L.T, 1) * np.abs(E_rows).sum(axis=1)
         bwd_num = np.abs(resid.astype(np.float64)).sum(axis=1)
-    fwd = np.array([_ratio(n, d) for n, d in zip(fwd_num, fwd_den)])
-    bwd = np.array([_ratio(n, d) for n, d in zip(bwd_num, denom)])
+    fwd, bwd = _ratios(fwd_num, fwd_den), _ratios(bwd_num, denom)
     forward, backward = float(fwd.max()), float(bwd.max())
     _finite({"trisolve_forward": forward, "trisolve_backward": backward}, "entries too large or too small")
     return _finite({

@@ -383,6 +383,10 @@ class RunDir:
             raise PitcheckError(f"not enough free space in {self.path}: the commit of step {step} needs "
                                 f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB is free")
         record = {"step": int(step), "files": {name: sha256(data) for name, data in files.items()}}
+        # a file the last commit already put in place with these bytes stays as it is (a run's manifest, and
+        # its events between events): two writes, fsyncs and renames fewer a record
+        kept = (self.record or {}).get("files", {})
+        files = {name: data for name, data in files.items() if kept.get(name) != record["files"][name]}
         staged = [self.path / (name + STAGED) for name in files]
         tmp = self.path / (COMMIT + ".tmp")
         try:

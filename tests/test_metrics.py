@@ -698,3 +698,16 @@ def test_condition_number_falls_back_where_divide_and_conquer_fails(monkeypatch)
     monkeypatch.setattr(np.linalg, "svd", no_convergence)
     A = np.diag([4.0, 2.0, 0.5])[:, :3]
     assert metrics.condition_number(np.vstack([A, np.zeros((5, 3))])) == pytest.approx(8.0, rel=1e-14)
+
+
+def test_ratios_is_ratio_elementwise_bit_for_bit():
+    """trisolve_errors' per-row ratios in one pass: the values (and the refusal) of _ratio row by row."""
+    from pitcheck.metrics import _ratio, _ratios
+
+    num = np.array([1.0, 0.0, 0.0, 3e-300, np.inf, 2.0, 0.0, 5.0])
+    den = np.array([3.0, 0.0, np.nan, 7e-10, np.inf, 1e-310, 4.0, 6.0])
+    expected = np.array([_ratio(n, d) for n, d in zip(num, den)])
+    np.testing.assert_array_equal(_ratios(num, den), expected)  # NaN where inf / inf, as there
+    for bad_den in (0.0, np.nan, -1.0):
+        with pytest.raises(PitcheckError, match="reference is zero"):
+            _ratios(np.array([1.0, 1.0]), np.array([1.0, bad_den]))
