@@ -15,6 +15,8 @@ The approximate maps have no stacked form: their cells run unbatched.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import scipy.linalg
 
@@ -25,6 +27,18 @@ from .retractions import QR_BY_SOLVE_MIN_ELEMENTS, _plain_torch, _sum_products, 
 # loop of their own, not by the BLAS gemm that mm calls, and round differently (measured: D x D products at
 # D = 4 and 6 with a column-major operand, as LAPACK's solves return it); such products go matrix by matrix
 TORCH_BMM_OWN_LOOP_BELOW = 400
+
+
+# below this many bytes a CPU elementwise kernel's input is all scalar remainder on every x86 torch build
+# (two AVX2 vectors; see StackedOps._scalar_on_every_diagonal)
+SCALAR_TAIL_BYTES = 64
+
+
+@functools.lru_cache(maxsize=1)
+def _x86_simd() -> bool:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 class StackedOps:
@@ -66,7 +80,23 @@ class StackedOps:
         depends on the tensor's length and strides (measured: a stacked diagonal differs from the matrix's
         own at D = 32 with AVX512; with 8-wide AVX2 it would at D = 8)."""
         base = self.base
+        if self._scalar_on_every_diagonal(x):
+            return fn(x.diagonal(0, -2, -1))
         return (self.torch.stack if self.torch else np.stack)([fn(base.diag(m)) for m in x])
+
+    def _scalar_on_every_diagonal(self, x) -> bool:
+        """Whether one call on the stack's diagonal view gives each matrix's own bits.
+
+        torch: its CPU kernels step two SIMD vectors at a time and leave the rest to the scalar kernel, so a
+        lone diagonal shorter than two vectors is all scalar; the stack's diagonal view is strided, never
+        vectorised, so all scalar too. Two AVX2 vectors are 64 bytes (AVX512's, 128): float32 D < 16, float64
+        D < 8. Other CPUs, and other devices, keep the loop.
+        numpy (the float64 shadow): its loops finish a vector's worth with a partial load of the same kernel,
+        so an entry's bits do not depend on where it sits: one call at every D (measured at D = 1 to 39, 64
+        and 128, with infinities, NaN and subnormals). tests/test_batched_diagonals.py holds both equal."""
+        if not self.torch:
+            return True
+        return x.device.type == "cpu" and x.shape[-1] * x.element_size() < SCALAR_TAIL_BYTES and _x86_simd()
 
     def eye(self, n, like):
         return self.base.eye(n, like)
