@@ -13,6 +13,7 @@ CAUGHT_BY = {
     "broken_stale_cache": "trajectory",
     "broken_bf16_storage": "contract",
     "broken_fp8_storage": "contract",  # a float8 buffer the maps compute with
+    "broken_mx_storage": "contract",  # torchao's MXTensor reporting float32 (needs torchao: OPTIONAL below)
     "broken_fp32_solves": "contract",  # under a float64 request; in float32 it is correct
     "broken_unconstrained_diag": "conditioning",
     "broken_pinv_head": "conditioning",
@@ -24,6 +25,10 @@ CAUGHT_BY = {
     "broken_rerandomise": "retraction",
     "hf_tied_gpt2": "penrose",  # standard tying is not PIT
 }
+
+# broken modules that need an optional package to build, with it: tests that run every CAUGHT_BY entry leave
+# them to their own test, which skips without the package
+OPTIONAL = {"broken_mx_storage": "torchao"}
 
 # broken modules whose bug a dtype cannot show, and why: the validator passes them there, or says inconclusive
 # where the float64 build of the module shows the defect below the dtype's threshold (checks.judge_shadow)
