@@ -17,6 +17,12 @@ def contents(d):
     return {n: (d / n).read_bytes() for n in FILES_1}
 
 
+def assert_reopens_at_step_2(d):
+    with RunDir(d) as store:
+        assert store.record["step"] == 2
+    assert contents(d) == FILES_2
+
+
 def test_commit_then_reopen(tmp_path):
     with RunDir(tmp_path) as store:
         assert not store.has_run() and store.foreign_files() == []
@@ -65,9 +71,7 @@ def test_a_commit_rewrites_only_the_files_that_changed(tmp_path, monkeypatch):
         store.commit(2, FILES_2)
         assert sorted(written) == ["checkpoint.npz.staged", "commit.json.tmp", "metrics.csv.staged"]
         assert sorted(store.record["files"]) == sorted(FILES_1)
-    with RunDir(tmp_path) as store:
-        assert store.record["step"] == 2
-    assert contents(tmp_path) == FILES_2
+    assert_reopens_at_step_2(tmp_path)
 
 
 def test_a_file_damaged_since_the_last_commit_is_still_refused_when_it_was_not_rewritten(tmp_path):
@@ -107,9 +111,7 @@ def test_a_commit_cut_after_its_record_is_rolled_forward(tmp_path, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             store.commit(2, FILES_2)
         monkeypatch.undo()
-    with RunDir(tmp_path) as store:
-        assert store.record["step"] == 2
-    assert contents(tmp_path) == FILES_2
+    assert_reopens_at_step_2(tmp_path)
 
 
 def test_a_changed_file_or_record_is_refused(tmp_path):
