@@ -425,7 +425,7 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
         for c in cases:
             ms = min(c.times) * 1e3
             results.append({"retraction": c.name, "kind": c.kind, "precision": c.precision, "vocab": V, "dim": D,
-                            "ms": round(ms, 4), "gemm_ms": round(g * 1e3, 4), "ratio": round(ms / (g * 1e3), 3),
+                            "ms": significant(ms), "gemm_ms": significant(g * 1e3), "ratio": round(ms / (g * 1e3), 3),
                             "peer": c.peer, "approximate": c.approximate, "rounds": len(c.times), "reps": c.reps,
                             "spread": round(max(c.times) / min(c.times), 2) if min(c.times) > 0 else None})
         results += run_step_rows(results, V, D)
