@@ -75,10 +75,11 @@ class StackedOps:
         return out
 
     def on_diagonals(self, fn, x):
-        """fn (softplus, sigmoid) of each matrix's diagonal, one 1-D call per matrix as the engine makes it:
-        torch's vectorised exp and log round otherwise than its scalar path, and which one an element takes
-        depends on the tensor's length and strides (measured: a stacked diagonal differs from the matrix's
-        own at D = 32 with AVX512; with 8-wide AVX2 it would at D = 8)."""
+        """fn (softplus, sigmoid) of each matrix's diagonal with the bits of the engine's one 1-D call per
+        matrix: torch's vectorised exp and log round otherwise than its scalar path, and which one an element
+        takes depends on the tensor's length and strides (measured: a stacked diagonal differs from the
+        matrix's own from D = 32 float32 with AVX512, two of its vectors). One call where that cannot happen
+        (_scalar_on_every_diagonal), else one call per matrix."""
         base = self.base
         if self._scalar_on_every_diagonal(x):
             return fn(x.diagonal(0, -2, -1))
