@@ -86,10 +86,13 @@ class StackedPit:
                     self.L.detach().to("cpu", self.torch.float64).numpy())
         return np.asarray(self.Z, dtype=np.float64), np.asarray(self.L, dtype=np.float64)
 
-    def _admitted(self, GZ: np.ndarray, GL: np.ndarray) -> tuple[dict, np.ndarray]:
-        """Engine._admit for the stack: the gradients in the factor dtype, and the cells that must skip."""
+    def _admitted(self, GZ: np.ndarray, GL: np.ndarray, skip: np.ndarray | None) -> tuple[dict, np.ndarray]:
+        """Engine._admit for the stack: the gradients in the factor dtype, and the cells that must skip
+        (`skip` among them)."""
         p = self.policy
         bad = ~(np.isfinite(GZ).reshape(len(GZ), -1).all(1) & np.isfinite(GL).reshape(len(GL), -1).all(1))
+        if skip is not None:
+            bad |= skip
         if p.loss_scaling:  # LossScaler.scaled: G times the cell's scale, in float64 (one rounding, as there)
             GZ, GL = GZ * self.scales[:, None, None], GL * self.scales[:, None, None]
         if self.threshold is not None:
@@ -117,18 +120,20 @@ class StackedPit:
         scale = t.from_numpy(self.scales).to(device=g.device, dtype=compute)[:, None, None]
         return (g / scale).to(g.dtype)
 
-    def step(self, GZ: np.ndarray, GL: np.ndarray) -> np.ndarray:
+    def step(self, GZ: np.ndarray, GL: np.ndarray, skip: np.ndarray | None = None) -> np.ndarray:
         """One step of every cell on its gradients (B x V x D and B x D x D float64, L's lower triangle);
-        returns the cells that failed (their state is `previous`, the step's the unbatched engine's)."""
+        returns the cells that failed (their state is `previous`, the step's the unbatched engine's).
+        `skip`: cells handed back whatever their gradients (a shadow skips the cells its model failed: their
+        gradients may be ones the model's format refused, which would only break the shadow's factorisations)."""
         # a cell whose map overflows is in the failed mask (its own engine records the event): numpy's
         # warnings on the way would be noise
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return self._step(GZ, GL)
+            return self._step(GZ, GL, skip)
 
-    def _step(self, GZ: np.ndarray, GL: np.ndarray) -> np.ndarray:
+    def _step(self, GZ: np.ndarray, GL: np.ndarray, skip: np.ndarray | None) -> np.ndarray:
         p, ops = self.policy, self.ops
         self.hold()  # also what an exception below leaves: the state before the step
-        grads, failed = self._admitted(GZ, GL)
+        grads, failed = self._admitted(GZ, GL, skip)
         point = {k: self._to(v, p.factor) for k, v in self.master.items()}
         Z, raw = point["Z"], point["raw"]
         gl = grads["L"]

@@ -146,7 +146,22 @@ class StackedOps:
                          for k in range(a.shape[0])])
 
     def solve(self, a, b):
-        return self.torch.linalg.solve(a, b) if self.torch else np.linalg.solve(a, b)
+        """(solutions, failed mask): a singular matrix's solution is garbage, never an exception for the
+        stack (the engine alone raises for it, and records that)."""
+        if self.torch:
+            x, info = self.torch.linalg.solve_ex(a, b)  # what linalg.solve calls, without its raise
+            return x, (info != 0).cpu().numpy()
+        failed = np.zeros(a.shape[0], dtype=bool)
+        try:
+            return np.linalg.solve(a, b), failed
+        except np.linalg.LinAlgError:  # numpy raises for the stack: solve matrix by matrix
+            out = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]) + b.shape[-1:], dtype=b.dtype)
+            for k in range(a.shape[0]):
+                try:
+                    out[k] = np.linalg.solve(a[k], b[k])
+                except np.linalg.LinAlgError:
+                    failed[k] = True
+            return out, failed
 
     def add_products(self, Z, pairs):
         """retractions._add_products: baddbmm where the engine fuses addmm (plain torch, same dtype)."""
@@ -184,6 +199,8 @@ def _chol_gram(Y, ops: StackedOps):
 def stacked_cholqr(Z, xi, ops: StackedOps):
     Y = Z + xi
     C, failed = _chol_gram(Y, ops)
+    # a failed factor may be singular: a solve with it would raise for the whole stack
+    C = _replace_failed(C, failed, ops)
     return ops.contiguous(ops.t(ops.solve_triangular(C, ops.t(Y), lower=True))), failed
 
 
@@ -219,11 +236,14 @@ def stacked_polar(Z, xi, ops: StackedOps):
 
 def stacked_polar_gram(Z, xi, ops: StackedOps):
     Y = Z + xi
-    w, Q = ops.eigh(_sym(ops.matmul(ops.t(Y), Y), ops))
+    gram = _sym(ops.matmul(ops.t(Y), Y), ops)
+    # an overflowed Gram makes eigh raise for the whole stack: its matrix is failed, the stack goes on
+    overflowed = ~ops.finite(gram)
+    w, Q = ops.eigh(_replace_failed(gram, overflowed, ops))
     u = ops.base.dtype_unit_roundoff(w)
     w_np = w.detach().cpu().numpy() if ops.torch else w
     # retract_polar_gram's guard, per matrix (float(w.min()) there: the same comparison in float64)
-    failed = ~(w_np.min(-1).astype(np.float64) > Y.shape[-1] * u * w_np.max(-1).astype(np.float64))
+    failed = overflowed | ~(w_np.min(-1).astype(np.float64) > Y.shape[-1] * u * w_np.max(-1).astype(np.float64))
     # a failed matrix's eigenvalues may be 0 or negative: its result is discarded (the mask), so numpy's
     # warnings about its square root and division would be noise
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -238,10 +258,10 @@ def stacked_cayley(Z, xi, ops: StackedOps):
     gtg = X - mm(t(A), A) + 0.25 * mm(t(A), GA)
     VtU = ops.cat([ops.cat([Ztg, G], 1), ops.cat([-gtg, -t(Ztg)], 1)], 0)
     VtZ = ops.cat([G, -t(Ztg)], 0)
-    K = ops.solve(ops.eye(VtU.shape[-1], like=VtU) - 0.5 * VtU, VtZ)
+    K, failed = ops.solve(ops.eye(VtU.shape[-1], like=VtU) - 0.5 * VtU, VtZ)
     D = Z.shape[-1]
     K1, K2 = K[:, :D], K[:, D:]
-    return ops.add_products(Z, [(xi, K1), (Z, K2 - 0.5 * mm(A, K1))]), _none_failed(Z)
+    return ops.add_products(Z, [(xi, K1), (Z, K2 - 0.5 * mm(A, K1))]), failed
 
 
 def stacked_cayley_iter(Z, xi, ops: StackedOps, iterations: int = 2):

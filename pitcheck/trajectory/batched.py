@@ -134,24 +134,27 @@ class StackedRuns:
         for stack in (self.model, self.shadow):
             if stack is not None:
                 stack.hold()
+        raised = False
         try:
             failed = self.model.step(GZ, GL)
             if self.shadow is not None:  # the shadow follows the model: a run the model failed is handed back
-                failed |= self.shadow.step(GZ, GL)
+                failed |= self.shadow.step(GZ, GL, skip=failed)
         except Exception:  # a stacked factorisation that raised for the stack (numpy's SVD, say): all go alone
-            failed = np.ones(len(self.runs), dtype=bool)
+            failed, raised = np.ones(len(self.runs), dtype=bool), True
         for k, t in enumerate(self.runs):
             t.step = step + 1
             self.since[k] += 1
             self.outcomes[k].batched_steps += 0 if failed[k] else 1
             self.failing[k] = self.failing[k] + 1 if failed[k] else 0
         if failed.any():
-            self._hand_back(failed, step, GZ, GL)
+            self._hand_back(failed, step, GZ, GL, raised)
 
-    def _hand_back(self, failed: np.ndarray, step: int, GZ: np.ndarray, GL: np.ndarray) -> None:
+    def _hand_back(self, failed: np.ndarray, step: int, GZ: np.ndarray, GL: np.ndarray, raised: bool) -> None:
         """Each failed run takes this step alone from its state before it (recording its event) and rejoins
         the stack; a run that ends in a breakdown there leaves it, and one whose stack step failed
-        ALONE_AFTER_FAILURES times in a row leaves it to go on alone after the stack."""
+        ALONE_AFTER_FAILURES times in a row leaves it to go on alone after the stack. When the stack raised
+        (`raised`: every run handed back), a run whose step alone had no event is not counted as failing:
+        one stuck run must not send the others off alone."""
         ended = np.zeros(len(self.runs), dtype=bool)
         for k in np.flatnonzero(failed):
             run = self.runs[k]
@@ -161,11 +164,14 @@ class StackedRuns:
             if self.failing[k] >= ALONE_AFTER_FAILURES:  # it goes on alone from this step, after the stack
                 self.alone.append((run, self.outcomes[k]))
                 continue
+            events = len(run.events)
             try:  # on the gradients the stack drew for it: the run's own, drawn from the same state
                 run.take_step(({"Z": GZ[k], "L": GL[k]}, None))
             except PitcheckError as exc:  # RunBreakdown: its last good state is committed
                 self.outcomes[k].error = exc
                 continue
+            if raised and len(run.events) == events:
+                self.failing[k] = 0
             ended[k] = False
             self.opt_steps[k], self.since[k] = self._opt_steps(run), 0
             for stack, engine in ((self.model, run.engine), (self.shadow, run.shadow)):

@@ -1,7 +1,7 @@
 """The one-line plants of batched cells (issue 16, item 3; results/bench/BATCHED.md): each applied in place, the
 tests of tests/test_batched.py that should catch it run, the file restored; prints KILLED or SURVIVED per
 plant (every plant must be killed). Run from the repository root with the venv's python; a word of a plant's
-description picks a subset."""
+description picks a subset. A plant's selection may name its own test file ("file.py::-k words")."""
 import subprocess, sys
 PLANTS = [
  ("seeds: every cell's gradients drawn with the first cell's seed", "pitcheck/trajectory/batched.py",
@@ -20,7 +20,22 @@ PLANTS = [
  ("a failed cell handed back at its state after the step", "pitcheck/trajectory/batched.py",
   "self.give_back(k, previous=True)", "self.give_back(k, previous=False)", "event"),
  ("the shadow not stepped", "pitcheck/trajectory/batched.py",
-  "failed |= self.shadow.step(GZ, GL)", "pass", "a_batch_writes and qr-fp32"),
+  "failed |= self.shadow.step(GZ, GL, skip=failed)", "pass", "a_batch_writes and qr-fp32"),
+ ("the shadow not told which cells its model failed", "pitcheck/trajectory/batched.py",
+  "self.shadow.step(GZ, GL, skip=failed)", "self.shadow.step(GZ, GL)", "tests/test_stack_failures.py::told"),
+ ("cholqr's failed factor left in the stack's solve", "pitcheck/batched_retractions.py",
+  "    C = _replace_failed(C, failed, ops)\n    return ops.contiguous", "    return ops.contiguous",
+  "tests/test_stack_failures.py::stuck_cell"),
+ ("a raising stack counts every cell as failing", "pitcheck/trajectory/batched.py",
+  "            if raised and len(run.events) == events:\n                self.failing[k] = 0\n", "",
+  "tests/test_stack_failures.py::raises"),
+ ("cayley's singular system raises for the stack", "pitcheck/batched_retractions.py",
+  "x, info = self.torch.linalg.solve_ex(a, b)",
+  "x, info = self.torch.linalg.solve(a, b), self.torch.zeros(a.shape[0], dtype=self.torch.int32)",
+  "tests/test_stack_failures.py::singular_cayley"),
+ ("polar-gram's overflowed Gram into the stack's eigh", "pitcheck/batched_retractions.py",
+  "w, Q = ops.eigh(_replace_failed(gram, overflowed, ops))", "w, Q = ops.eigh(gram)",
+  "tests/test_stack_failures.py::overflowing"),
  ("precision left out of the batch key", "pitcheck/sweep/batches.py",
   "return (config.backend, config.precision, config.retraction,", "return (config.backend, config.retraction,",
   "sweep_hands_out"),
@@ -62,7 +77,8 @@ for why, path, old, new, sel in [p for p in PLANTS if len(sys.argv) < 2 or sys.a
     assert src.count(old) == 1, (why, old)
     open(path, "w").write(src.replace(old, new))
     try:
-        r = subprocess.run([".venv/bin/python", "-m", "pytest", "-q", "-x", "tests/test_batched.py", "-k", sel],
+        tests, sel = sel.split("::") if "::" in sel else ("tests/test_batched.py", sel)
+        r = subprocess.run([".venv/bin/python", "-m", "pytest", "-q", "-x", tests, "-k", sel],
                            capture_output=True, text=True, timeout=600)
         tail = [l for l in r.stdout.splitlines() if l.startswith("FAILED")][:1]
         print(("KILLED " if r.returncode != 0 else "SURVIVED ") + why + " :: " + (tail[0] if tail else r.stdout.splitlines()[-1]), flush=True)
