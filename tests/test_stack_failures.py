@@ -49,10 +49,13 @@ def as_numpy(x):
 @pytest.mark.parametrize("retraction", sorted(STACKED_RETRACTIONS))
 def test_a_failed_matrix_is_reported_and_leaves_the_others_bits(retraction, ops_name, bad):
     make_ops, convert = OPS[ops_name]
-    Z = np.stack([random_memory(16, 4, np.random.default_rng(k)) for k in range(3)])
+    # the default grid's shape: at 16 x 4 a triangular solve rounds alike in both memory layouts of its
+    # factor, at 128 x 8 it does not (a replaced factor must keep LAPACK's column-major layout)
+    Z = np.stack([random_memory(128, 8, np.random.default_rng(k)) for k in range(3)])
     if ops_name == "torch":
         Z = Z.astype(np.float32)
-    xi = np.stack([1e-3 * Z[0], BAD_STEPS[bad](Z[1]), 2e-3 * Z[2]])
+    step = 0.02 * np.random.default_rng(7).standard_normal(Z[0].shape).astype(Z.dtype)
+    xi = np.stack([step, BAD_STEPS[bad](Z[1]), -step])
     retract = STACKED_RETRACTIONS[retraction]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the bad cell's own arithmetic
