@@ -171,7 +171,9 @@ class Engine:
     # ---- one step ----------------------------------------------------------------------------
     def step(self, grads: dict, step_index: int) -> list[dict]:
         """Apply one step's gradients; returns the events it caused (an empty list on a clean step)."""
-        if self.model.has_retraction:  # the step's forward pass: its FP8 logits GEMM casts (histories advance)
+        # the step's forward pass: its FP8 logits GEMM casts (histories advance); stored() copies the tables
+        # to float64, so only where a format is placed there
+        if self.model.has_retraction and self.quantisers.logits_placed:
             self.quantisers.forward_logits(*self.model.stored())
         admitted, events = self._admit(grads)
         if admitted is None:

@@ -67,9 +67,14 @@ class Quantisers:
                 self.recipes[key] = get_recipe(self.placement.moments, **self.placement.options)
 
     # ---- the casts ---------------------------------------------------------------------------------
+    @property
+    def logits_placed(self) -> bool:
+        """Whether the logits GEMM's operands go through a format (forward_logits casts them)."""
+        return self.placement is not None and bool(self.placement.logits)
+
     def forward_logits(self, Z: np.ndarray, L: np.ndarray) -> None:
         """The step's forward logits GEMM on the stored Z and L: each operand cast once (histories advance)."""
-        if self.placement is None or not self.placement.logits:
+        if not self.logits_placed:
             return
         T = L @ L.T
         self.recipes["logits_activation"].quantise(T, axis=-1)

@@ -18,6 +18,7 @@ import math
 import numpy as np
 import scipy.linalg
 
+from .draw_memo import MEMO
 from .gradients import AdversaryParams, _zipf_ids, gradient
 from .seed_streams import covered, generators
 
@@ -121,9 +122,20 @@ def stacked_gradients(cells: list[tuple[list[str], int, AdversaryParams]], Z: np
         finite_factors = np.isfinite(L).all(axis=(1, 2)) if solving else None
     drawn = {k for k, (names, seed, _) in enumerate(cells)
              if stackable and all(n in DRAWS for n in names) and covered((seed, step, len(names)))}
-    # every drawn cell's streams at once, each its own default_rng([seed, step, index])
-    streams = iter(generators([(cells[k][1], step, index) for k in sorted(drawn)
-                               for index in range(len(cells[k][0]))]))
+    # each drawn cell's draws by stream: kept by an earlier batch (draw_memo), or drawn here, the streams not
+    # kept built at once, each its own default_rng([seed, step, index])
+    keys = {(k, index): (name, cells[k][1], step, index, V, D, cells[k][2])
+            for k in sorted(drawn) for index, name in enumerate(cells[k][0])}
+    missing = [ki for ki, key in keys.items() if MEMO.get(key) is None]
+    streams = dict(zip(missing, generators([(cells[k][1], step, index) for k, index in missing])))
+
+    def drawn_by(k: int, index: int, name: str, params: AdversaryParams) -> tuple:
+        if (k, index) not in streams:
+            return MEMO.get(keys[k, index])
+        made = DRAWS[name](streams[k, index], V, D, params)
+        MEMO.put(keys[k, index], made)
+        return made
+
     groups: dict[tuple, list[int]] = {}
     draws: list = [None] * K
     # in cell order, as the loop over gradient() went: the draws, and the cells computed alone (whose
@@ -131,7 +143,7 @@ def stacked_gradients(cells: list[tuple[list[str], int, AdversaryParams]], Z: np
     for k, (names, seed, params) in enumerate(cells):
         names = list(names)
         if k in drawn:
-            draws[k] = [DRAWS[n](next(streams), V, D, params) for n in names]
+            draws[k] = [drawn_by(k, index, n, params) for index, n in enumerate(names)]
             if not solving or _solvable(names, draws[k], finite_rows[k], finite_factors[k]):
                 groups.setdefault((tuple(names), params.batch), []).append(k)
                 continue

@@ -116,18 +116,25 @@ def test_the_default_grids_stuck_cell_leaves_its_cholqr_stack_batched(tmp_path, 
     assert all(a == b for a, b in files)
 
 
-def test_a_stack_that_raises_sends_alone_only_the_cells_that_fail_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 4)
-    raising = {"left": 10}
+def raise_in_the_models_stack(monkeypatch, times: int) -> dict:
+    """The model's stack raises at its first `times` steps (a failure of its own: no cell's step alone fails);
+    the returned dict counts down the raises left."""
+    raising = {"left": times}
     real_step = StackedPit.step
 
     def step(self, GZ, GL, skip=None):
-        if raising["left"] > 0 and skip is None:  # the model's stack raises for its first 10 steps
+        if raising["left"] > 0 and skip is None:
             raising["left"] -= 1
             raise np.linalg.LinAlgError("planted")
         return real_step(self, GZ, GL, skip)
 
     monkeypatch.setattr(StackedPit, "step", step)
+    return raising
+
+
+def test_a_stack_that_raises_sends_alone_only_the_cells_that_fail_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 4)
+    raise_in_the_models_stack(monkeypatch, 3)
     base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
     configs = [RunConfig(seed=0, **base), RunConfig(seed=1, **base),
                # non-finite gradients at every step: every step alone has an event, so it goes alone
@@ -136,7 +143,19 @@ def test_a_stack_that_raises_sends_alone_only_the_cells_that_fail_alone(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         outcomes, files = alone_and_batched(configs, tmp_path)
-    assert [o.batched_steps for o in outcomes] == [20, 20, 0]
+    assert [o.batched_steps for o in outcomes] == [27, 27, 0]
+    assert all(a == b for a, b in files)
+
+
+def test_a_stack_that_keeps_raising_sends_every_cell_alone(tmp_path, monkeypatch):
+    # no cell's step alone fails, so none is to blame: after ALONE_AFTER_FAILURES raising steps in a row the
+    # stack gives up rather than raise and hand back every cell at every step
+    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 4)
+    raising = raise_in_the_models_stack(monkeypatch, 10**9)
+    base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
+    outcomes, files = alone_and_batched([RunConfig(seed=0, **base), RunConfig(seed=1, **base)], tmp_path)
+    assert [o.batched_steps for o in outcomes] == [0, 0] and all(o.error is None for o in outcomes)
+    assert 10**9 - raising["left"] == 4  # the stack stepped four times, then the two went on alone
     assert all(a == b for a, b in files)
 
 

@@ -102,6 +102,7 @@ class StackedRuns:
         self.opt_steps = [self._opt_steps(t) for t in runs]
         self.since = [0] * len(runs)
         self.failing = [0] * len(runs)  # each run's stack steps that failed in a row, up to this one
+        self.raising = 0  # the stack's steps in a row that raised (every run handed back)
         self.names = [parse_adversary(t.config.adversary) for t in runs]
         # runs whose stack step failed ALONE_AFTER_FAILURES times in a row (a state that overflows every step,
         # say): they go on alone once the stack is done, rather than cost a failed stack step and a step
@@ -141,6 +142,7 @@ class StackedRuns:
                 failed |= self.shadow.step(GZ, GL, skip=failed)
         except Exception:  # a stacked factorisation that raised for the stack (numpy's SVD, say): all go alone
             failed, raised = np.ones(len(self.runs), dtype=bool), True
+        self.raising = self.raising + 1 if raised else 0
         for k, t in enumerate(self.runs):
             t.step = step + 1
             self.since[k] += 1
@@ -154,14 +156,16 @@ class StackedRuns:
         the stack; a run that ends in a breakdown there leaves it, and one whose stack step failed
         ALONE_AFTER_FAILURES times in a row leaves it to go on alone after the stack. When the stack raised
         (`raised`: every run handed back), a run whose step alone had no event is not counted as failing:
-        one stuck run must not send the others off alone."""
+        one stuck run must not send the others off alone. A stack that raised ALONE_AFTER_FAILURES times in
+        a row sends them all (a failure of the stack's own, which no run's step alone shows)."""
         ended = np.zeros(len(self.runs), dtype=bool)
         for k in np.flatnonzero(failed):
             run = self.runs[k]
             self.give_back(k, previous=True)
             run.step = step
             ended[k] = True
-            if self.failing[k] >= ALONE_AFTER_FAILURES:  # it goes on alone from this step, after the stack
+            # it goes on alone from this step, after the stack
+            if self.failing[k] >= ALONE_AFTER_FAILURES or self.raising >= ALONE_AFTER_FAILURES:
                 self.alone.append((run, self.outcomes[k]))
                 continue
             events = len(run.events)

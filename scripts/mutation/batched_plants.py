@@ -32,6 +32,8 @@ PLANTS = [
  ("a raising stack counts every cell as failing", "pitcheck/trajectory/batched.py",
   "            if raised and len(run.events) == events:\n                self.failing[k] = 0\n", "",
   "tests/test_stack_failures.py::raises"),
+ ("a stack that keeps raising never gives up", "pitcheck/trajectory/batched.py",
+  " or self.raising >= ALONE_AFTER_FAILURES:", ":", "tests/test_stack_failures.py::keeps_raising"),
  ("cayley's singular system raises for the stack", "pitcheck/batched_retractions.py",
   "x, info = self.torch.linalg.solve_ex(a, b)",
   "x, info = self.torch.linalg.solve(a, b), self.torch.zeros(a.shape[0], dtype=self.torch.int32)",

@@ -69,6 +69,7 @@ MODULES: dict[str, list[str]] = {
     "heads": ["tests/test_engine.py", "tests/test_heads.py"],
     "gradients": ["tests/test_gradients.py", "tests/test_gradient_stream_exact.py"],
     "events": ["tests/test_events.py"],
+    "draw_memo": ["tests/test_draw_memo.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 
