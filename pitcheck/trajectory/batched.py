@@ -140,7 +140,7 @@ class StackedRuns:
             failed = self.model.step(GZ, GL)
             if self.shadow is not None:  # the shadow follows the model: a run the model failed is handed back
                 failed |= self.shadow.step(GZ, GL, skip=failed)
-        except Exception:  # a stacked factorisation that raised for the stack (numpy's SVD, say): all go alone
+        except Exception:  # a stacked factorisation that raised for the stack (numpy's SVD, say): all handed back
             failed, raised = np.ones(len(self.runs), dtype=bool), True
         self.raising = self.raising + 1 if raised else 0
         for k, t in enumerate(self.runs):
