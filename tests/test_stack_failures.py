@@ -49,8 +49,9 @@ def as_numpy(x):
 @pytest.mark.parametrize("retraction", sorted(STACKED_RETRACTIONS))
 def test_a_failed_matrix_is_reported_and_leaves_the_others_bits(retraction, ops_name, bad):
     make_ops, convert = OPS[ops_name]
-    # the default grid's shape: at 16 x 4 a triangular solve rounds alike in both memory layouts of its
-    # factor, at 128 x 8 it does not (a replaced factor must keep LAPACK's column-major layout)
+    # the default grid's shape, and a random step for the healthy cells: with Y a multiple of an orthonormal Z
+    # the factor is nearly diagonal and a solve rounds alike in both memory layouts of it (a row-major
+    # replacement survived that test), here it does not (a replaced factor must keep LAPACK's layout)
     Z = np.stack([random_memory(128, 8, np.random.default_rng(k)) for k in range(3)])
     if ops_name == "torch":
         Z = Z.astype(np.float32)
