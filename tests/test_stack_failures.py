@@ -148,6 +148,30 @@ def test_a_stack_that_raises_sends_alone_only_the_cells_that_fail_alone(tmp_path
     assert all(a == b for a, b in files)
 
 
+def test_a_run_that_makes_the_stack_raise_goes_alone_and_the_others_stay(tmp_path, monkeypatch):
+    # the model's stack raises whenever a cell's gradients are non-finite (a stack failure one run causes):
+    # that run has an event at every step alone, so it is blamed and leaves after ALONE_AFTER_FAILURES steps;
+    # the others, with no event alone, are not counted as failing and stay in the stack
+    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 4)
+    real_step = StackedPit.step
+
+    def step(self, GZ, GL, skip=None):
+        if skip is None and not np.isfinite(GZ).all():
+            raise np.linalg.LinAlgError("planted")
+        return real_step(self, GZ, GL, skip)
+
+    monkeypatch.setattr(StackedPit, "step", step)
+    base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
+    configs = [RunConfig(seed=0, **base), RunConfig(seed=1, **base),
+               RunConfig(seed=2, adversary="nonfinite", adversary_params=AdversaryParams(nonfinite_probability=1.0),
+                         **base)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outcomes, files = alone_and_batched(configs, tmp_path)
+    assert [o.batched_steps for o in outcomes] == [26, 26, 0]
+    assert all(a == b for a, b in files)
+
+
 def test_a_stack_that_keeps_raising_sends_every_cell_alone(tmp_path, monkeypatch):
     # no cell's step alone fails, so none is to blame: after ALONE_AFTER_FAILURES raising steps in a row the
     # stack gives up rather than raise and hand back every cell at every step

@@ -102,7 +102,7 @@ class StackedRuns:
         self.opt_steps = [self._opt_steps(t) for t in runs]
         self.since = [0] * len(runs)
         self.failing = [0] * len(runs)  # each run's stack steps that failed in a row, up to this one
-        self.raising = 0  # the stack's steps in a row that raised (every run handed back)
+        self.raising = 0  # the stack's steps in a row that raised with no run to blame (every run handed back)
         self.names = [parse_adversary(t.config.adversary) for t in runs]
         # runs whose stack step failed ALONE_AFTER_FAILURES times in a row (a state that overflows every step,
         # say): they go on alone once the stack is done, rather than cost a failed stack step and a step
@@ -142,7 +142,8 @@ class StackedRuns:
                 failed |= self.shadow.step(GZ, GL, skip=failed)
         except Exception:  # a stacked factorisation that raised for the stack (numpy's SVD, say): all handed back
             failed, raised = np.ones(len(self.runs), dtype=bool), True
-        self.raising = self.raising + 1 if raised else 0
+        if not raised:
+            self.raising = 0
         for k, t in enumerate(self.runs):
             t.step = step + 1
             self.since[k] += 1
@@ -157,7 +158,10 @@ class StackedRuns:
         ALONE_AFTER_FAILURES times in a row leaves it to go on alone after the stack. When the stack raised
         (`raised`: every run handed back), a run whose step alone had no event is not counted as failing:
         one stuck run must not send the others off alone. A stack that raised ALONE_AFTER_FAILURES times in
-        a row sends them all (a failure of the stack's own, which no run's step alone shows)."""
+        a row with no run to blame (none had an event alone) sends them all: a failure of the stack's own."""
+        if raised:
+            self.raising += 1
+        blamed = False
         ended = np.zeros(len(self.runs), dtype=bool)
         for k in np.flatnonzero(failed):
             run = self.runs[k]
@@ -176,11 +180,14 @@ class StackedRuns:
                 continue
             if raised and len(run.events) == events:
                 self.failing[k] = 0
+            blamed |= raised and len(run.events) > events
             ended[k] = False
             self.opt_steps[k], self.since[k] = self._opt_steps(run), 0
             for stack, engine in ((self.model, run.engine), (self.shadow, run.shadow)):
                 if stack is not None:
                     stack.put(k, engine)
+        if blamed:
+            self.raising = 0
         if ended.any():
             self._leave(~ended)
 

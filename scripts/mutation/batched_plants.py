@@ -5,7 +5,7 @@ description picks a subset. A plant's selection may name its own test file ("fil
 import subprocess, sys
 PLANTS = [
  ("seeds: every cell's gradients drawn with the first cell's seed", "pitcheck/trajectory/batched.py",
-  "grads = [gradient(names, Z[k], L[k], t.config.seed, step,", "grads = [gradient(names, Z[k], L[k], self.runs[0].config.seed, step,",
+  "GZ, GL = stacked_gradients([(names, t.config.seed,", "GZ, GL = stacked_gradients([(names, self.runs[0].config.seed,",
   "a_batch_writes and qr-fp32"),
  ("lr: the first cell's learning rate applied to all", "pitcheck/batched_engine.py",
   "lrs = np.array([e.settings.lr for e in engines]", "lrs = np.array([engines[0].settings.lr for e in engines]",
@@ -31,7 +31,9 @@ PLANTS = [
   "tests/test_stack_failures.py::leaves_the_others_bits"),
  ("a raising stack counts every cell as failing", "pitcheck/trajectory/batched.py",
   "            if raised and len(run.events) == events:\n                self.failing[k] = 0\n", "",
-  "tests/test_stack_failures.py::raises"),
+  "tests/test_stack_failures.py::raise"),
+ ("a raising stack never blames the run whose step alone fails", "pitcheck/trajectory/batched.py",
+  "        if blamed:\n            self.raising = 0\n", "", "tests/test_stack_failures.py::raise"),
  ("a stack that keeps raising never gives up", "pitcheck/trajectory/batched.py",
   " or self.raising >= ALONE_AFTER_FAILURES:", ":", "tests/test_stack_failures.py::keeps_raising"),
  ("cayley's singular system raises for the stack", "pitcheck/batched_retractions.py",
@@ -67,7 +69,7 @@ PLANTS = [
   "        self.good_steps = replaced(self.good_steps, engine.good_steps)\n        self.hold()\n        self._refresh()",
   "event or loss_scaled"),
  ("a stuck run never leaves the stack", "pitcheck/trajectory/batched.py",
-  "if self.failing[k] >= ALONE_AFTER_FAILURES:", "if False:", "event"),
+  "if self.failing[k] >= ALONE_AFTER_FAILURES or self.raising", "if self.raising", "event"),
  ("failures in a row not reset by a step the stack took", "pitcheck/trajectory/batched.py",
   "self.failing[k] = self.failing[k] + 1 if failed[k] else 0", "self.failing[k] += int(failed[k])", "event"),
  ("an interrupted batch does not save the runs that left it", "pitcheck/trajectory/batched.py",
