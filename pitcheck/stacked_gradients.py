@@ -126,12 +126,13 @@ def stacked_gradients(cells: list[tuple[list[str], int, AdversaryParams]], Z: np
     # kept built at once, each its own default_rng([seed, step, index])
     keys = {(k, index): (name, cells[k][1], step, index, V, D, cells[k][2])
             for k in sorted(drawn) for index, name in enumerate(cells[k][0])}
-    missing = [ki for ki, key in keys.items() if MEMO.get(key) is None]
+    kept = {ki: MEMO.get(key) for ki, key in keys.items()}
+    missing = [ki for ki, draws_kept in kept.items() if draws_kept is None]
     streams = dict(zip(missing, generators([(cells[k][1], step, index) for k, index in missing])))
 
     def drawn_by(k: int, index: int, name: str, params: AdversaryParams) -> tuple:
-        if (k, index) not in streams:
-            return MEMO.get(keys[k, index])
+        if kept[k, index] is not None:
+            return kept[k, index]
         made = DRAWS[name](streams[k, index], V, D, params)
         MEMO.put(keys[k, index], made)
         return made

@@ -133,17 +133,22 @@ def raise_in_the_models_stack(monkeypatch, times: int) -> dict:
     return raising
 
 
-def test_a_stack_that_raises_sends_alone_only_the_cells_that_fail_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 4)
-    raise_in_the_models_stack(monkeypatch, 3)
+def two_runs_and_one_nonfinite_at_every_step(tmp_path):
+    """Two clean fp32 qr runs and one whose gradients are non-finite at every step (each of its steps alone
+    has an event), alone and batched: alone_and_batched's outcomes and files."""
     base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
     configs = [RunConfig(seed=0, **base), RunConfig(seed=1, **base),
-               # non-finite gradients at every step: every step alone has an event, so it goes alone
                RunConfig(seed=2, adversary="nonfinite", adversary_params=AdversaryParams(nonfinite_probability=1.0),
                          **base)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        outcomes, files = alone_and_batched(configs, tmp_path)
+        return alone_and_batched(configs, tmp_path)
+
+
+def test_a_stack_that_raises_sends_alone_only_the_cells_that_fail_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 4)
+    raise_in_the_models_stack(monkeypatch, 3)
+    outcomes, files = two_runs_and_one_nonfinite_at_every_step(tmp_path)
     assert [o.batched_steps for o in outcomes] == [27, 27, 0]
     assert all(a == b for a, b in files)
 
@@ -161,13 +166,7 @@ def test_a_run_that_makes_the_stack_raise_goes_alone_and_the_others_stay(tmp_pat
         return real_step(self, GZ, GL, skip)
 
     monkeypatch.setattr(StackedPit, "step", step)
-    base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=30, records_per_decade=2)
-    configs = [RunConfig(seed=0, **base), RunConfig(seed=1, **base),
-               RunConfig(seed=2, adversary="nonfinite", adversary_params=AdversaryParams(nonfinite_probability=1.0),
-                         **base)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        outcomes, files = alone_and_batched(configs, tmp_path)
+    outcomes, files = two_runs_and_one_nonfinite_at_every_step(tmp_path)
     assert [o.batched_steps for o in outcomes] == [26, 26, 0]
     assert all(a == b for a, b in files)
 
