@@ -2,7 +2,8 @@
 retractions.py, so that a batched cell's numbers are the unbatched cell's bit for bit.
 
 Why bit for bit holds: torch's and numpy's batched matmul, QR, Cholesky, SVD, eigh and solves on the CPU
-run the one-matrix BLAS/LAPACK call once per matrix of the stack (measured equal at 128 x 8 and 32 x 4,
+run the one-matrix BLAS/LAPACK call once per matrix of the stack, and where the engine calls another
+library's LAPACK (scipy's, for numpy's QR and triangular solves) the stack calls that one too (measured equal at 128 x 8 and 32 x 4,
 float32 and float64: tests/test_batched.py runs whole cells both ways and compares their files), and every
 other operation here is elementwise. Each function mirrors its model in retractions.py line by line
 (a change there must be made here too: the equality tests fail otherwise).
@@ -20,6 +21,7 @@ import functools
 import numpy as np
 import scipy.linalg
 
+from .arrays import householder_qr
 from .retractions import QR_BY_SOLVE_MIN_ELEMENTS, _plain_torch, _sum_products, retract_qr
 
 
@@ -118,8 +120,14 @@ class StackedOps:
         return np.isfinite(x).reshape(x.shape[0], -1).all(1)
 
     def qr(self, x):
-        # numpy's stacked QR is geqrf and orgqr per matrix, as arrays.householder_qr calls them
-        return self.torch.linalg.qr(x) if self.torch else np.linalg.qr(x)
+        if self.torch:
+            return self.torch.linalg.qr(x)
+        # the engine's own call per matrix: np.linalg.qr's stacked form runs numpy's bundled LAPACK, where
+        # householder_qr runs scipy's, another OpenBLAS build whose bits agree with numpy's only where their
+        # kernels do (they did on the project's CPU; on an H200 machine's CPU, numpy 2.5.2 and its scipy,
+        # they did not: results/gpu/NOTE.md). About 5 us a matrix more at 128 x 8.
+        factors = [householder_qr(m) for m in x]
+        return np.stack([Q for Q, _ in factors]), np.stack([R for _, R in factors])
 
     def cholesky(self, x):
         """(factors, failed mask): a failed matrix's factor is garbage, never an exception for the stack."""

@@ -6,7 +6,8 @@
 # precision), bench (retraction and step costs in GEMM units), step (where a run step's time goes, the shadow on
 # the GPU against the CPU), validate (pitcheck.nn on CUDA, fp32 and bf16), nccl (sharded runs under NCCL: more
 # ranks than GPUs must be a one-line refusal), compare (the quick grid with its torch cells on CUDA), f8tests
-# (tests/test_native_float8.py, a line per failure). Each section has its own time limit, so one that hangs
+# (tests/test_native_float8.py, a line per failure), batched (the batched-cell tests, which ran into the GPU
+# before `auto` kept small cells on the CPU). Each section has its own time limit, so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
 # treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
 # own torch.
@@ -65,6 +66,13 @@ compare() {
   cp /tmp/quick-cuda/summary.csv "$OUT/compare_quick_summary.csv" 2>/dev/null
   echo "cells by device:"; grep -ho '"device": *"[^"]*"' /tmp/quick-cuda/cells/*/manifest.json | sort | uniq -c
 }
+batched() {
+  header "pytest: batched cells, stack failures, the draw memo (on the GPU machine's CPU; xdist where it is there)"
+  local par=()
+  $PY -c "import xdist" 2>/dev/null && par=(-n 8)
+  timeout -k 10 170 $PY "${PYTEST[@]}" "${par[@]}" tests/test_batched.py tests/test_stack_failures.py \
+      tests/test_draw_memo.py 2>&1 | tail -30
+}
 f8tests() {
   header "tests/test_native_float8.py (one line per failure)"
   timeout -k 10 45 $PY "${PYTEST[@]}" tests/test_native_float8.py 2>&1 | tail -30
@@ -76,10 +84,10 @@ f8tests() {
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(tests float8 runs bench step validate nccl compare f8tests)
+[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(tests float8 runs bench step validate nccl compare f8tests batched)
 for name in "${SECTIONS[@]}"; do
   case $name in
-    tests|float8|runs|bench|step|validate|nccl|compare|f8tests) ;;
+    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched) ;;
     *) echo "unknown section $name" >&2; exit 2 ;;
   esac
 done

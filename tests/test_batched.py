@@ -12,6 +12,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pitcheck import sweep as sw
@@ -62,6 +63,23 @@ def test_a_batch_writes_the_files_of_its_cells_run_alone(tmp_path, precision, re
     assert sum(skipped) == 0 or (retraction, precision) == ("polar-ns", "bf16")
     for alone, batched in files:
         assert alone == batched  # metrics.csv, checkpoint.npz, events.jsonl, manifest.json, commit.json
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_the_stacked_qr_calls_the_engines_lapack_not_numpys(tmp_path, monkeypatch, precision):
+    """numpy's np.linalg.qr runs numpy's bundled OpenBLAS; the engine's householder_qr runs scipy's. Where the
+    two builds differ (numpy 2.5.2 and scipy 1.18.1 on an H200 machine's Xeon: results/gpu/NOTE.md), a stack
+    that called numpy's QR wrote other bits than its cells alone. A numpy QR one ulp off stands in for
+    that build here: the float64 model (fp64) and the float64 shadow (fp32) must not see it."""
+    numpy_qr = np.linalg.qr
+
+    def another_build(x, *args, **kwargs):
+        Q, R = numpy_qr(x, *args, **kwargs)
+        return np.nextafter(Q, np.inf), R
+
+    monkeypatch.setattr(np.linalg, "qr", another_build)
+    _, files = alone_and_batched(four_cells(precision, "qr"), tmp_path)
+    assert all(alone == batched for alone, batched in files)
 
 
 @pytest.mark.parametrize("retraction", ["cayley", "polar-gram", "cholqr2"])
