@@ -233,6 +233,7 @@ class StackedRuns:
             if self.runs and self.runs[0].rows[-1]["step"] != self.runs[0].step:
                 self.record()
             for t, o in zip(self.runs, self.outcomes):
+                t.finish_commits()
                 o.rows = t.rows
         finally:
             for sig, handler in previous.items():

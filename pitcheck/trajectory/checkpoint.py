@@ -77,14 +77,15 @@ def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs
     }
 
 
-def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: list[dict], manifest: dict) -> None:
-    """One commit of the whole directory at `step`."""
+def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: list[dict], manifest: dict,
+           later: bool = False) -> None:
+    """One commit of the whole directory at `step` (later: written by the commit thread, RunDir.commit)."""
     store.commit(step, {
         CHECKPOINT: npz_bytes(pair.arrays(step)),
         METRICS: csv_bytes(rows),
         EVENTS: events_bytes(events),
         MANIFEST: manifest_bytes(manifest),
-    })
+    }, later=later)
 
 
 def config_differences(config: RunConfig, manifest: dict, ignore: tuple[str, ...], out: Path) -> list[str]:

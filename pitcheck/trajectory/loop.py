@@ -115,8 +115,14 @@ class Trajectory:
     def manifest(self) -> dict:
         return manifest(self.config, self.pair, self.resumed_from, self.inputs)
 
-    def _commit(self) -> None:
-        commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data)
+    def _commit(self, later: bool = False) -> None:
+        """later: the commit thread writes it while the run steps on (a recorded step's commit); every other
+        commit (an interruption's, a breakdown's) is written, with those before it, before this returns."""
+        commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later)
+
+    def finish_commits(self) -> None:
+        """Wait for the recorded steps' commits to be written; raise the first one's error."""
+        self.store.drain()
 
     def _event(self, step: int, event: dict) -> None:
         self.events.append({"step": step, **event})
@@ -130,7 +136,7 @@ class Trajectory:
 
     def _record(self) -> None:
         self._measure_row()
-        self._commit()
+        self._commit(later=True)
 
     # ---- for a batch of runs stepped together (trajectory/batched.py) ---------------------------
     def record(self) -> None:
@@ -231,6 +237,7 @@ class Trajectory:
                 progress.update(self.step)
             if not self.rows or self.rows[-1]["step"] != self.step:
                 self._record()
+            self.finish_commits()
         except KeyboardInterrupt:
             if not self.rows:  # interrupted before the first record: nothing to keep
                 raise RunInterrupted(f"interrupted before the first step of {self.out}; nothing was written") from None

@@ -4,6 +4,7 @@
 and runs its test alone: every one must fail. The original text must occur exactly once in the module.
 """
 M, T = "pitcheck/metrics.py", "tests/test_metrics.py::"
+CT = "tests/test_commit_thread.py::"
 PLANTED = [
     # pinv_drift and the Penrose residuals from the exact E = Z T^{-1} instead of the computed rows
     (M, "out.update(head_metrics(E, B))", "out.update(head_metrics(Z @ np.linalg.inv(L @ L.T), B))",
@@ -103,6 +104,21 @@ PLANTED += [
     # ... or without its symmetrisation
     (GR, "return (GT + GT.T) @ L", "return 2 * GT @ L",
      TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
+    # the commit thread (stop 30): a commit queued behind a failed one written all the same (its kept files
+    # are the failed commit's, which never landed) ...
+    ("pitcheck/rundir.py", "        if self._failed is not None:\n            return\n        try:",
+     "        try:", CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
+    # ... its error never raised ...
+    ("pitcheck/rundir.py", "            self._failure_raised = True\n            raise self._failed\n",
+     "            self._failure_raised = True\n",
+     CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
+    # ... a commit made after it not refused ...
+    ("pitcheck/rundir.py", "so the directory keeps the last whole commit).\"\"\"\n        self._raise_failed()\n",
+     "so the directory keeps the last whole commit).\"\"\"\n",
+     CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
+    # ... or a forked child handed its parent's executor, whose thread it does not have
+    ("pitcheck/rundir.py", "if _COMMITTER is None or _COMMITTER[0] != os.getpid():", "if _COMMITTER is None:",
+     CT + "test_a_forked_child_makes_its_own_commit_thread"),
     # the oracle at 16 digits instead of 50
     ("tests/oracle.py", "DIGITS = 50", "DIGITS = 16",
      "tests/test_oracle.py::test_oracle_resolves_a_residual_far_below_float64_u"),
