@@ -266,7 +266,7 @@ def test_runs_resumed_at_different_steps_are_batched_by_step(tmp_path):
         assert alone["checkpoint.npz"] == batched["checkpoint.npz"] and alone["metrics.csv"] == batched["metrics.csv"]
 
 
-def test_an_interrupted_batch_saves_the_runs_that_left_it_too(tmp_path, monkeypatch):
+def test_an_interrupted_batch_saves_the_runs_beside_it_too(tmp_path, monkeypatch):
     from pitcheck.trajectory import batched
 
     monkeypatch.setattr(batched, "ALONE_AFTER_FAILURES", 2)
@@ -279,7 +279,7 @@ def test_an_interrupted_batch_saves_the_runs_that_left_it_too(tmp_path, monkeypa
     def step_then_interrupt(self):
         step(self)
         if self.runs[0].step == 20:
-            assert self.alone  # the second run has left the stack by then
+            assert self.beside  # the second run has left the stack by then, and steps beside it
             signal.raise_signal(signal.SIGINT)
 
     with thread_policy(1):
@@ -288,8 +288,7 @@ def test_an_interrupted_batch_saves_the_runs_that_left_it_too(tmp_path, monkeypa
         monkeypatch.setattr(batched.StackedRuns, "step", step_then_interrupt)
         outcomes = run_batch([Trajectory(c, tmp_path / f"batch{k}", progress=False) for k, c in enumerate(configs)])
         assert all("interrupted at step" in str(o.error) for o in outcomes)
-        left_at = committed_step(tmp_path / "batch1")
-        assert committed_step(tmp_path / "batch0") == 20 and left_at < 20
+        assert committed_step(tmp_path / "batch0") == committed_step(tmp_path / "batch1") == 20
         monkeypatch.setattr(batched.StackedRuns, "step", step)
         run_batch([Trajectory(c, tmp_path / f"batch{k}", resume=True, progress=False) for k, c in enumerate(configs)])
     for k in range(2):

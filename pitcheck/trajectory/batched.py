@@ -13,7 +13,9 @@ such as lm, the approximate maps, CUDA: a CUDA run's torch float64 shadow has no
 either), the adaptive adversary (its probe steps the run's own engine), and a run that resumed at another
 step than the others or already ended. A step with an event (a skipped step, a gradient overflow that
 halves the loss scale, a failed retraction) is handed back: the run takes that one step alone, from its
-state before it, records what happened, and rejoins the stack; a breakdown ends the run there.
+state before it, records what happened, and rejoins the stack; a breakdown ends the run there. A run that
+fails ALONE_AFTER_FAILURES stack steps in a row (stuck: it skips every step) takes its steps alone from then
+on, beside the stack, on gradients computed with the stack's.
 """
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ def run_in_turn(runs: list[tuple[Trajectory, Outcome]]) -> bool:
 
 
 # a loss scale backing off from 2^16 fails a few stack steps in a row at the start of an fp16 run; a run
-# that fails this many is stuck (it skips every step) and costs less alone
+# that fails this many is stuck (it skips every step) and costs less stepped beside the stack
 ALONE_AFTER_FAILURES = 32
 
 
@@ -105,9 +107,10 @@ class StackedRuns:
         self.raising = 0  # the stack's steps in a row that raised with no run to blame (every run handed back)
         self.names = [parse_adversary(t.config.adversary) for t in runs]
         # runs whose stack step failed ALONE_AFTER_FAILURES times in a row (a state that overflows every step,
-        # say): they go on alone once the stack is done, rather than cost a failed stack step and a step
-        # alone each step
-        self.alone: list[tuple[Trajectory, Outcome]] = []
+        # say; a third of the default grid's cells at 10^4 steps): each takes its steps alone from then on,
+        # beside the stack, rather than cost a failed stack step and a step alone each step. Its gradients
+        # come with the stack's, from stacked_gradients (a lone call's bits, at a fraction of its cost)
+        self.beside: list[tuple[Trajectory, Outcome]] = []
 
     @staticmethod
     def _opt_steps(run: Trajectory) -> tuple[int, int]:
@@ -123,15 +126,38 @@ class StackedRuns:
                 engine.opt_step = start + since
 
     def gradients(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every run's gradients at its stored state (PitHead.model_gradients' bits, each run's own streams)."""
-        GZ, GL = stacked_gradients([(names, t.config.seed, t.config.adversary_params)
-                                    for t, names in zip(self.runs, self.names)], *self.model.stored(), step)
+        """Every run's gradients at its stored state (PitHead.model_gradients' bits, each run's own streams):
+        the stack's runs first, then those beside it."""
+        beside = [t for t, _ in self.beside]
+        stored = ([self.model.stored()] if self.runs else []) + [
+            tuple(a[None] for a in t.engine.stored()) for t in beside]
+        Z, L = (np.concatenate(parts) for parts in zip(*stored))
+        cells = [(names, t.config.seed, t.config.adversary_params) for t, names in zip(self.runs, self.names)]
+        cells += [(parse_adversary(t.config.adversary), t.config.seed, t.config.adversary_params) for t in beside]
+        GZ, GL = stacked_gradients(cells, Z, L, step)
         return GZ, np.tril(GL)
 
+    def current_step(self) -> int:
+        return (self.runs or [t for t, _ in self.beside])[0].step
+
     def step(self) -> None:
-        """One step of every run; a run whose step the stack cannot take goes on alone from before it."""
-        step = self.runs[0].step
+        """One step of every run; a run whose step the stack cannot take takes it alone from before it."""
+        step = self.current_step()
         GZ, GL = self.gradients(step)
+        n = len(self.runs)
+        if n:
+            self._step_stack(step, GZ[:n], GL[:n])
+        self._step_beside(GZ[n:], GL[n:])
+
+    def _step_beside(self, GZ: np.ndarray, GL: np.ndarray) -> None:
+        for (run, outcome), gz, gl in zip(list(self.beside), GZ, GL):
+            try:
+                run.take_step(({"Z": gz, "L": gl}, None))
+            except PitcheckError as exc:  # RunBreakdown: its last good state is committed
+                outcome.error = exc
+                self.beside.remove((run, outcome))
+
+    def _step_stack(self, step: int, GZ: np.ndarray, GL: np.ndarray) -> None:
         for stack in (self.model, self.shadow):
             if stack is not None:
                 stack.hold()
@@ -155,7 +181,7 @@ class StackedRuns:
     def _hand_back(self, failed: np.ndarray, step: int, GZ: np.ndarray, GL: np.ndarray, raised: bool) -> None:
         """Each failed run takes this step alone from its state before it (recording its event) and rejoins
         the stack; a run that ends in a breakdown there leaves it, and one whose stack step failed
-        ALONE_AFTER_FAILURES times in a row leaves it to go on alone after the stack. When the stack raised
+        ALONE_AFTER_FAILURES times in a row goes on beside it. When the stack raised
         (`raised`: every run handed back), a run whose step alone had no event is not counted as failing:
         one stuck run must not send the others off alone. A stack that raised ALONE_AFTER_FAILURES times in
         a row with no run to blame (none had an event alone) sends them all: a failure of the stack's own."""
@@ -168,15 +194,15 @@ class StackedRuns:
             self.give_back(k, previous=True)
             run.step = step
             ended[k] = True
-            # it goes on alone from this step, after the stack
-            if self.failing[k] >= ALONE_AFTER_FAILURES or self.raising >= ALONE_AFTER_FAILURES:
-                self.alone.append((run, self.outcomes[k]))
-                continue
             events = len(run.events)
             try:  # on the gradients the stack drew for it: the run's own, drawn from the same state
                 run.take_step(({"Z": GZ[k], "L": GL[k]}, None))
             except PitcheckError as exc:  # RunBreakdown: its last good state is committed
                 self.outcomes[k].error = exc
+                continue
+            # it goes on beside the stack from the next step
+            if self.failing[k] >= ALONE_AFTER_FAILURES or self.raising >= ALONE_AFTER_FAILURES:
+                self.beside.append((run, self.outcomes[k]))
                 continue
             if raised and len(run.events) == events:
                 self.failing[k] = 0
@@ -208,6 +234,8 @@ class StackedRuns:
         for k, t in enumerate(self.runs):
             self.give_back(k)
             t.record()
+        for t, _ in self.beside:
+            t.record()
 
     def run(self) -> None:
         """Trajectory._run for the stack: records at the run's marks, SIGINT/SIGTERM taken between steps."""
@@ -222,33 +250,33 @@ class StackedRuns:
             for t in self.runs:
                 if t.step == 0 and not t.rows:
                     t.record()
-            while self.runs and self.runs[0].step < cfg.steps:
+            while (self.runs or self.beside) and self.current_step() < cfg.steps:
                 if stop:
                     self._interrupted()
                     return
                 self.step()
-                if self.runs and marks and self.runs[0].step == marks[0]:
+                if (self.runs or self.beside) and marks and self.current_step() == marks[0]:
                     marks.pop(0)
                     self.record()
-            if self.runs and self.runs[0].rows[-1]["step"] != self.runs[0].step:
+            every = self.runs + [t for t, _ in self.beside]  # at one step, recorded at the same marks
+            if every and every[0].rows[-1]["step"] != every[0].step:
                 self.record()
-            for t, o in zip(self.runs, self.outcomes):
+            for t, o in list(zip(self.runs, self.outcomes)) + self.beside:
                 t.finish_commits()
                 o.rows = t.rows
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        run_in_turn(self.alone)
 
     def _interrupted(self) -> None:
         """Keep the work done: every run checkpoints this step (one that left the stack, its own), and says
         so as run() does."""
         for k in range(len(self.runs)):
             self.give_back(k)
-        for t, o in list(zip(self.runs, self.outcomes)) + self.alone:
+        for t, o in list(zip(self.runs, self.outcomes)) + self.beside:
             t.checkpoint()
             o.error = RunInterrupted(interrupted_message(t.step, t.out))
-        self.alone = []
+        self.beside = []
 
 
 def run_batch(trajectories: list[Trajectory], threads: int | None = None) -> list[Outcome]:
