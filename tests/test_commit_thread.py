@@ -126,3 +126,35 @@ def test_a_forked_child_makes_its_own_commit_thread(monkeypatch):
     child = rundir._committer()
     assert child is not parent
     assert child.submit(lambda: 7).result(timeout=10) == 7
+
+
+def test_event_lines_encode_the_new_events_only_and_a_changed_list_whole():
+    from pitcheck.rundir import EventLines, events_bytes
+
+    lines = EventLines()
+    events = [{"step": 1, "event": "a"}, {"step": 2, "event": "b"}]
+    assert lines.encode(events) == events_bytes(events)
+    events.append({"step": 3, "event": "c", "x": 1.5})
+    assert lines.encode(events) == events_bytes(events) and len(lines.lines) == 3
+    resumed = [dict(e) for e in events]  # equal dicts, other objects (a resumed run's list): encoded whole
+    assert lines.encode(resumed) == events_bytes(resumed)
+    assert lines.encode(resumed[:1]) == events_bytes(resumed[:1])  # a shorter list
+    replaced = resumed[:1] + [{"step": 9, "event": "z"}]
+    assert lines.encode(replaced) == events_bytes(replaced)  # an object in the middle changed
+    other = [replaced[0], {"step": 4, "event": "y"}, {"step": 5, "event": "w"}]  # longer, its second event another
+    assert lines.encode(other) == events_bytes(other)
+    assert lines.encode([]) == b""
+
+
+def test_a_stuck_runs_events_file_is_the_encoding_of_its_events(tmp_path):
+    """The grid's stuck cell (fp64 cholqr, LM mix, seed 2): its hundreds of events, committed record by record
+    through EventLines, are events_bytes of the run's whole list as it holds it."""
+    from pitcheck.rundir import events_bytes
+    from pitcheck.trajectory import Trajectory
+
+    config = RunConfig(precision="fp64", retraction="cholqr", vocab=128, dim=8, steps=900, seed=2,
+                       adversary="dense_output,sparse_input")
+    trajectory = Trajectory(config, tmp_path / "r", progress=False)
+    trajectory.run()
+    assert sum(e.get("action") == "step skipped" for e in trajectory.events) > 100
+    assert (tmp_path / "r" / "events.jsonl").read_bytes() == events_bytes(trajectory.events)

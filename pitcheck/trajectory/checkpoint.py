@@ -13,8 +13,8 @@ from .. import __version__
 from ..errors import PitcheckError
 from ..events import ends_run, malformed
 from ..metrics import EXTENDED_BITS
-from ..rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, SHARD_COLUMNS, RunDir,
-                      csv_bytes, events_bytes, manifest_bytes, npz_bytes)
+from ..rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, SHARD_COLUMNS, EventLines,
+                      RunDir, csv_bytes, events_bytes, manifest_bytes, npz_bytes)
 from ..sources import STATEFUL_SOURCES, stateful_source
 from .config import RunConfig, is_int, recorded_steps
 from .step import Lockstep
@@ -78,12 +78,13 @@ def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs
 
 
 def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: list[dict], manifest: dict,
-           later: bool = False) -> None:
-    """One commit of the whole directory at `step` (later: written by the commit thread, RunDir.commit)."""
+           later: bool = False, event_lines: EventLines | None = None) -> None:
+    """One commit of the whole directory at `step` (later: written by the commit thread, RunDir.commit;
+    event_lines: the run's events encoded so far, extended with the new ones)."""
     store.commit(step, {
         CHECKPOINT: npz_bytes(pair.arrays(step)),
         METRICS: csv_bytes(rows),
-        EVENTS: events_bytes(events),
+        EVENTS: event_lines.encode(events) if event_lines is not None else events_bytes(events),
         MANIFEST: manifest_bytes(manifest),
     }, later=later)
 

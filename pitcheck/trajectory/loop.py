@@ -10,7 +10,7 @@ from ..errors import PitcheckError
 from ..events import breakdown, raised_by, row_events, skipped_steps_by_event, skips_step
 from ..gradients import parse_adversary
 from ..progress import Progress
-from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, RunDir, read_events
+from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, EventLines, RunDir, read_events
 from ..threads import thread_policy
 from .checkpoint import Resume, check_restart, commit, input_hashes, manifest
 from .config import RunConfig, recorded_steps
@@ -60,6 +60,7 @@ class Trajectory:
         self.threads = threads  # None: the process's thread policy (pitcheck.threads)
         self.rows: list[dict] = []
         self.events: list[dict] = []
+        self.event_lines = EventLines()  # events.jsonl's lines so far (each commit encodes the new events only)
         self.crossed: set[str] = set()
         self.step = 0
         self.resumed_from = None
@@ -118,7 +119,8 @@ class Trajectory:
     def _commit(self, later: bool = False) -> None:
         """later: the commit thread writes it while the run steps on (a recorded step's commit); every other
         commit (an interruption's, a breakdown's) is written, with those before it, before this returns."""
-        commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later)
+        commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later,
+               event_lines=self.event_lines)
 
     def finish_commits(self) -> None:
         """Wait for the recorded steps' commits to be written; raise the first one's error."""

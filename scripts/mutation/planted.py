@@ -119,6 +119,9 @@ PLANTED += [
     # ... or a forked child handed its parent's executor, whose thread it does not have
     ("pitcheck/rundir.py", "if _COMMITTER is None or _COMMITTER[0] != os.getpid():", "if _COMMITTER is None:",
      CT + "test_a_forked_child_makes_its_own_commit_thread"),
+    # events.jsonl's kept lines (stop 30) reused for a list whose earlier events changed
+    ("pitcheck/rundir.py", "        if len(events) < n or any(a is not b for a, b in zip(events, self.events)):\n",
+     "        if len(events) < n:\n", CT + "test_event_lines_encode_the_new_events_only_and_a_changed_list_whole"),
     # the oracle at 16 digits instead of 50
     ("tests/oracle.py", "DIGITS = 50", "DIGITS = 16",
      "tests/test_oracle.py::test_oracle_resolves_a_residual_far_below_float64_u"),
