@@ -96,6 +96,42 @@ def _committer() -> ThreadPoolExecutor:
         return _COMMITTER[1]
 
 
+class CommitQueue:
+    """A run directory's commits handed to the commit thread: written in order; the first that fails is kept,
+    and raised by drain() (once) and by check() (always); no commit queued after it is written, since the
+    files it leaves out as kept are the failed commit's, which never landed."""
+
+    def __init__(self):
+        self.pending: list[Future] = []
+        self.failed: BaseException | None = None
+        self.raised = False
+
+    def check(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+
+    def submit(self, write, *args) -> None:
+        self.pending = [f for f in self.pending if not f.done()]  # a failed one left its error in `failed`
+        self.pending.append(_committer().submit(self._guarded, write, *args))
+
+    def _guarded(self, write, *args) -> None:
+        if self.failed is not None:
+            return
+        try:
+            write(*args)
+        except BaseException as exc:
+            self.failed = exc
+            raise
+
+    def drain(self) -> None:
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.exception()  # waits
+        if self.failed is not None and not self.raised:
+            self.raised = True
+            raise self.failed
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -279,9 +315,7 @@ class RunDir:
         self.path = check_out_path(path)
         self.record: dict | None = None
         self._lock_fd: int | None = None
-        self._pending: list[Future] = []  # commits made with later=True, not yet known written
-        self._failed: BaseException | None = None  # the first of them that failed: no later one is written
-        self._failure_raised = False  # drain() raised it already
+        self.queue = CommitQueue()  # the commits made with later=True
 
     # ---- opening and closing ----------------------------------------------------------------
     def open(self) -> "RunDir":
@@ -404,15 +438,14 @@ class RunDir:
         """Replace the run files with these, all or none. later: return at once and let the process's commit
         thread write them, after every commit made before (drain() waits for them and raises the first error;
         a commit after a failed one is not written, so the directory keeps the last whole commit)."""
-        self._raise_failed()
+        self.queue.check()
         record = {"step": int(step), "files": {name: sha256(data) for name, data in files.items()}}
         # a file the last commit already put in place with these bytes stays as it is (a run's manifest, and
         # its events between events): two writes, fsyncs and renames fewer a record
         kept = (self.record or {}).get("files", {})
         files = {name: data for name, data in files.items() if kept.get(name) != record["files"][name]}
         if later:
-            self._pending = [f for f in self._pending if not f.done()]  # a failed one left its error in _failed
-            self._pending.append(_committer().submit(self._write_later, step, record, files))
+            self.queue.submit(self._write_files, step, record, files)
         else:
             self.drain()
             self._write_files(step, record, files)
@@ -421,27 +454,7 @@ class RunDir:
     def drain(self) -> None:
         """Wait until every commit made with later=True is written; raise the first one's error, once (a
         commit after it still raises it)."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.exception()  # waits
-        if self._failed is not None and not self._failure_raised:
-            self._failure_raised = True
-            raise self._failed
-
-    def _raise_failed(self) -> None:
-        if self._failed is not None:
-            raise self._failed
-
-    def _write_later(self, step: int, record: dict, files: dict[str, bytes]) -> None:
-        """On the commit thread. The files this commit leaves out as kept are the previous commit's: after
-        one that failed, none may be written (and each commit after it is refused, as drain() says)."""
-        if self._failed is not None:
-            return
-        try:
-            self._write_files(step, record, files)
-        except BaseException as exc:
-            self._failed = exc
-            raise
+        self.queue.drain()
 
     def _write_files(self, step: int, record: dict, files: dict[str, bytes]) -> None:
         need = sum(len(d) for d in files.values()) + FREE_SPACE_MARGIN

@@ -262,7 +262,7 @@ class StackedRuns:
             if every and every[0].rows[-1]["step"] != every[0].step:
                 self.record()
             for t, o in list(zip(self.runs, self.outcomes)) + self.beside:
-                t.finish_commits()
+                t.store.drain()
                 o.rows = t.rows
         finally:
             for sig, handler in previous.items():

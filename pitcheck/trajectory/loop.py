@@ -100,7 +100,7 @@ class Trajectory:
                                 " and holds no pitcheck run: choose a new or empty directory, or pass --force to "
                                 "write the run beside those files")
         # built once, before the first commit: it imports torch, which takes seconds
-        self.manifest_data = self.manifest()
+        self.manifest_data = manifest(self.config, self.pair, self.resumed_from, self.inputs)
         if self.engine.source:
             # its losses are columns of metrics.csv, beside the interface metrics of their step
             self.manifest_data[self.engine.source.name] = self.engine.source.describe()
@@ -113,18 +113,10 @@ class Trajectory:
         self.resumed_from = self.step
 
     # ---- recording ---------------------------------------------------------------------------
-    def manifest(self) -> dict:
-        return manifest(self.config, self.pair, self.resumed_from, self.inputs)
-
     def _commit(self, later: bool = False) -> None:
-        """later: the commit thread writes it while the run steps on (a recorded step's commit); every other
-        commit (an interruption's, a breakdown's) is written, with those before it, before this returns."""
+        """later (a recorded step's): written by the commit thread; others wait for it (RunDir.commit)."""
         commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later,
                event_lines=self.event_lines)
-
-    def finish_commits(self) -> None:
-        """Wait for the recorded steps' commits to be written; raise the first one's error."""
-        self.store.drain()
 
     def _event(self, step: int, event: dict) -> None:
         self.events.append({"step": step, **event})
@@ -174,7 +166,7 @@ class Trajectory:
         """One step of model and shadow; a last step that, like every one before it, was skipped is a breakdown."""
         events = self.pair.step(grads, shadow_grads, self.step)
         if (any(map(skips_step, events)) and self.step + 1 == self.config.steps
-                and self._steps_skipped() == self.step):
+                and steps_skipped(self.events) == self.step):
             # the run's numbers would be its start's
             self.pair.undo()
             kinds = skipped_steps_by_event(self.events + [{**e, "step": self.step + 1} for e in events])
@@ -182,9 +174,6 @@ class Trajectory:
                                  + ", ".join(f"{n} {name}" for name, n in sorted(kinds.items())) + ")")
         for e in events:
             self._event(self.step + 1, e)
-
-    def _steps_skipped(self) -> int:
-        return len({e["step"] for e in self.events if skips_step(e)})
 
     def _breakdown_error(self, event: dict) -> RunBreakdown:
         return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
@@ -239,7 +228,7 @@ class Trajectory:
                 progress.update(self.step)
             if not self.rows or self.rows[-1]["step"] != self.step:
                 self._record()
-            self.finish_commits()
+            self.store.drain()
         except KeyboardInterrupt:
             if not self.rows:  # interrupted before the first record: nothing to keep
                 raise RunInterrupted(f"interrupted before the first step of {self.out}; nothing was written") from None
@@ -251,6 +240,11 @@ class Trajectory:
                 signal.signal(sig, handler)
         progress.update(cfg.steps)
         return self.rows
+
+
+def steps_skipped(events: list[dict]) -> int:
+    """How many steps these events skipped."""
+    return len({e["step"] for e in events if skips_step(e)})
 
 
 def skipped_steps(out: Path | str) -> dict[str, int]:

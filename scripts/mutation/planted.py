@@ -106,15 +106,14 @@ PLANTED += [
      TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
     # the commit thread (stop 30): a commit queued behind a failed one written all the same (its kept files
     # are the failed commit's, which never landed) ...
-    ("pitcheck/rundir.py", "        if self._failed is not None:\n            return\n        try:",
-     "        try:", CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
+    ("pitcheck/rundir.py", "        if self.failed is not None:\n            return\n        try:\n            write(*args)",
+     "        try:\n            write(*args)",
+     CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... its error never raised ...
-    ("pitcheck/rundir.py", "            self._failure_raised = True\n            raise self._failed\n",
-     "            self._failure_raised = True\n",
+    ("pitcheck/rundir.py", "            self.raised = True\n            raise self.failed\n", "            self.raised = True\n",
      CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... a commit made after it not refused ...
-    ("pitcheck/rundir.py", "so the directory keeps the last whole commit).\"\"\"\n        self._raise_failed()\n",
-     "so the directory keeps the last whole commit).\"\"\"\n",
+    ("pitcheck/rundir.py", "        self.queue.check()\n        record = ", "        record = ",
      CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... or a forked child handed its parent's executor, whose thread it does not have
     ("pitcheck/rundir.py", "if _COMMITTER is None or _COMMITTER[0] != os.getpid():", "if _COMMITTER is None:",
