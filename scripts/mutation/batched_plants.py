@@ -5,7 +5,7 @@ description picks a subset. A plant's selection may name its own test file ("fil
 import subprocess, sys
 PLANTS = [
  ("seeds: every cell's gradients drawn with the first cell's seed", "pitcheck/trajectory/batched.py",
-  "GZ, GL = stacked_gradients([(names, t.config.seed,", "GZ, GL = stacked_gradients([(names, self.runs[0].config.seed,",
+  "cells = [(names, t.config.seed, t.config.adversary_params)", "cells = [(names, self.runs[0].config.seed, t.config.adversary_params)",
   "a_batch_writes and qr-fp32"),
  ("numpy's stacked QR, another LAPACK build than the engine's", "pitcheck/batched_retractions.py",
   "factors = [householder_qr(m) for m in x]\n        return np.stack([Q for Q, _ in factors]), np.stack([R for _, R in factors])",
