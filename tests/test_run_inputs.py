@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, trajectory
+from pitcheck import PitcheckError
 from pitcheck.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS, read_metrics
 from pitcheck.trajectory import RunConfig, run
 
@@ -67,10 +67,11 @@ def test_resume_of_a_directory_that_does_not_exist_is_refused(tmp_path):
 
 
 def test_a_run_refused_after_its_directory_was_made_removes_what_it_made(tmp_path, monkeypatch):
-    def refuse(self):
+    def refuse(*args):
         raise PitcheckError("refused")
 
-    monkeypatch.setattr(trajectory.Trajectory, "manifest", refuse)
+    # the manifest is built after the directory is made and locked (trajectory/loop.py)
+    monkeypatch.setattr("pitcheck.trajectory.loop.manifest", refuse)
     with pytest.raises(PitcheckError, match="refused"):
         run(SMALL, tmp_path / "new" / "deeper", progress=False)
     assert not (tmp_path / "new").exists()
