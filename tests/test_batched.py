@@ -425,3 +425,20 @@ def test_a_map_that_overflows_warns_nothing_alone_or_stacked():
         events = engine().step({"Z": G, "L": np.zeros((4, 4))}, 0)
         failed = StackedPit([engine(), engine()]).step(np.stack([G, 1e-3 * G]), np.zeros((2, 4, 4)))
     assert [e["event"] for e in events] == ["nonfinite_state"] and failed.tolist() == [True, True]
+
+
+def test_a_run_beside_the_stack_that_breaks_down_leaves_it_with_its_files_as_alone(tmp_path, monkeypatch):
+    """Non-finite gradients now and then and huge spikes at lr 1 (seed 1): the run fails two stack steps in a
+    row, goes beside the stack, and breaks down there at step 16 of 40 (L's diagonal at 0). It must leave
+    with that error and the files it writes alone; the run stepped with it is untouched."""
+    monkeypatch.setattr("pitcheck.trajectory.batched.ALONE_AFTER_FAILURES", 2)
+    base = dict(precision="fp32", retraction="qr", vocab=32, dim=4, steps=40, records_per_decade=2)
+    configs = [RunConfig(seed=0, **base),
+               RunConfig(seed=1, adversary="nonfinite,spike", lr=1.0, **base, adversary_params=AdversaryParams(
+                   nonfinite_probability=0.6, spike_probability=0.5, spike_scale=1000.0))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outcomes, files = alone_and_batched(configs, tmp_path)
+    assert outcomes[0].error is None and outcomes[0].batched_steps == 40
+    assert isinstance(outcomes[1].error, RunBreakdown) and "broke down at step 16" in str(outcomes[1].error)
+    assert all(alone == batched for alone, batched in files)

@@ -131,7 +131,8 @@ class StackedRuns:
         beside = [t for t, _ in self.beside]
         stored = ([self.model.stored()] if self.runs else []) + [
             tuple(a[None] for a in t.engine.stored()) for t in beside]
-        Z, L = (np.concatenate(parts) for parts in zip(*stored))
+        # the stack's own copies as they are when nothing steps beside it (a copy fewer each step)
+        Z, L = stored[0] if len(stored) == 1 else (np.concatenate(parts) for parts in zip(*stored))
         cells = [(names, t.config.seed, t.config.adversary_params) for t, names in zip(self.runs, self.names)]
         cells += [(parse_adversary(t.config.adversary), t.config.seed, t.config.adversary_params) for t in beside]
         GZ, GL = stacked_gradients(cells, Z, L, step)
@@ -155,7 +156,7 @@ class StackedRuns:
                 run.take_step(({"Z": gz, "L": gl}, None))
             except PitcheckError as exc:  # RunBreakdown: its last good state is committed
                 outcome.error = exc
-                self.beside.remove((run, outcome))
+                self.beside = [(t, o) for t, o in self.beside if t is not run]
 
     def _step_stack(self, step: int, GZ: np.ndarray, GL: np.ndarray) -> None:
         for stack in (self.model, self.shadow):

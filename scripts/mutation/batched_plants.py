@@ -88,6 +88,9 @@ PLANTS = [
   "            if self.failing[k] >= ALONE_AFTER_FAILURES:\n                self.beside.append((run, self.outcomes[k]))\n"
   "                continue\n            events = len(run.events)\n            try:  # on the gradients",
   "event"),
+ ("a run beside the stack that broke down keeps stepping", "pitcheck/trajectory/batched.py",
+  "                self.beside = [(t, o) for t, o in self.beside if t is not run]\n", "                pass\n",
+  "breaks_down"),
  ("a signal stops only the run alone it reached", "pitcheck/trajectory/batched.py",
   "        if isinstance(outcome.error, RunInterrupted):\n            for later",
   "        if False:\n            for later", "signal_stops"),
