@@ -64,6 +64,11 @@ class Placement:
     def recipes(self) -> list[str]:
         return [r for r in (self.z_copy, self.l_copy, self.moments, self.gradients, *(self.logits or ())) if r]
 
+    def roles(self) -> set[str]:
+        """The roles this placement puts through a recipe."""
+        return {role for role, recipe in (("z_copy", self.z_copy), ("l_copy", self.l_copy), ("logits", self.logits),
+                                          ("moments", self.moments), ("gradients", self.gradients)) if recipe}
+
     def map_recipes(self) -> list[str]:
         """The recipes the maps pass through (the moments' only reach them through the steps)."""
         return [r for r in (self.z_copy, self.l_copy, *(self.logits or ())) if r]

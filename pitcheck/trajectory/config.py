@@ -122,6 +122,7 @@ class RunConfig:
         self.settings()
         if source:
             source.check_config(self)
+        check_placement(self)
         check_sharding(self)
 
     def settings(self) -> StepSettings:
@@ -145,6 +146,23 @@ class RunConfig:
         d = dict(d)
         d["adversary_params"] = AdversaryParams(**d.get("adversary_params", {}))
         return cls(**d)
+
+
+# optimizers that keep no moments: a placement of the moments has nothing to quantise under them
+MOMENTLESS_OPTIMIZERS = ("sgd",)
+
+
+def check_placement(cfg: RunConfig) -> None:
+    """A placement that touches none of the run's tensors is refused, as a sharded run refuses one: it would be
+    recorded in the manifest but never applied, and the run's numbers would be its plain precision's."""
+    placement = get_policy(cfg.precision).placement
+    if placement is None:
+        return
+    inert = {"moments"} if cfg.optimizer in MOMENTLESS_OPTIMIZERS else set()
+    if placement.roles() <= inert:
+        raise PitcheckError(f"--precision {cfg.precision} quantises only the optimizer's moments, and --optimizer "
+                            f"{cfg.optimizer} keeps none: the placement would never apply; use --optimizer adam "
+                            f"or momentum, or --precision fp32")
 
 
 SHARDING_FIELDS = ("shards", "pad_multiple", "allreduce_dtype")
