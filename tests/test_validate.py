@@ -24,7 +24,7 @@ SIZES = {
 }
 BROKEN = {name: (check, SIZES.get(name, {})) for name, check in CAUGHT_BY.items()
           if name.startswith("broken_") and name != "broken_fp32_solves" and name not in OPTIONAL}
-CORRECT = ["correct_cholesky_qr", "correct_upper_polar", "correct_eigen", "correct_cayley"]
+CORRECT = ["correct_cholesky_qr", "correct_upper_polar", "correct_eigen", "correct_cayley", "correct_cayley_canonical"]
 
 
 def running(pid: int) -> bool:

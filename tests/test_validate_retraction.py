@@ -107,3 +107,57 @@ def test_a_memory_in_bfloat16_cannot_resolve_the_first_order_residual():
     result = retraction_check(zoo("broken_bf16_storage"), "bfloat16")
     assert result.verdict == "inconclusive" and "bfloat16" in result.reason
     assert row(result, "R(Z, 0)")["verdict"] == "pass"
+
+
+# ---- the metric a retraction is defined with ---------------------------------------------------------
+
+def test_wen_and_yins_cayley_passes_as_a_retraction_for_the_canonical_metric():
+    # W = G Z^T - Z G^T doubles the in-span part of the move: first order against the canonical metric's
+    # move, first order only (t^1) against the embedded one
+    for dtype in ("float32", "float64"):
+        result = retraction_check(zoo("correct_cayley_canonical"), dtype)
+        assert result.verdict == "pass", result.reason
+        first = row(result, "first order")
+        assert first["metric"] == "canonical" and "canonical metric" in first["reason"]
+        assert 1.9 < first["order_canonical"] < 2.1 and first["order_embedded"] < 1.2
+        assert result.value < 4
+
+
+def test_the_projected_cayley_and_qr_are_named_retractions_for_the_embedded_metric():
+    for factory in (zoo("correct_cayley"), pitcheck.nn.make):
+        first = row(retraction_check(factory), "first order")
+        assert first["metric"] == "embedded" and 1.9 < first["order_embedded"] < 2.1
+
+
+class TripledInSpan(importlib.import_module("tests.zoo._base").LLtPIT):
+    """Orthonormal after every post_step, but its first-order move triples the in-span part of the move
+    (Z + t (xi + 2 Z Omega), then QR): a retraction for neither metric."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("anchor", self.Z.detach().clone())
+
+    @torch.no_grad()
+    def post_step(self):
+        X = self.anchor
+        move = self.Z - X
+        skew = 0.5 * (X.T @ move - move.T @ X)
+        Y = importlib.import_module("tests.zoo._base").qr_sign(self.Z + 2 * X @ skew)
+        self.Z.copy_(Y)
+        self.anchor.copy_(Y)
+
+
+def test_a_map_that_follows_neither_metric_fails_naming_both():
+    result = retraction_check(lambda V_, D_, **kw: TripledInSpan(V_, D_, **kw))
+    assert result.verdict == "fail" and "a retraction for neither metric" in result.reason, result.reason
+    first = row(result, "first order")
+    assert first["order_embedded"] < 1.2 and first["order_canonical"] < 1.2
+
+
+@pytest.mark.parametrize("name", ["broken_lazy_retraction", "broken_no_retraction", "broken_rerandomise",
+                                  "broken_qr_no_sign_fix"])
+def test_what_is_not_a_retraction_fails_whichever_the_metric(name):
+    # retracting every 100 steps, never, to a fresh random point, or with columns' signs flipped
+    result = retraction_check(zoo(name))
+    assert result.verdict == "fail", result.reason
+    assert not any(d.get("metric") for d in result.details)

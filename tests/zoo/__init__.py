@@ -23,6 +23,7 @@ CAUGHT_BY = {
     "broken_scale": "scale",
     "broken_qr_no_sign_fix": "retraction",
     "broken_rerandomise": "retraction",
+    "broken_lazy_retraction": "retraction",
     "hf_tied_gpt2": "penrose",  # standard tying is not PIT
 }
 
