@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -89,21 +89,56 @@ def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: l
     }, later=later)
 
 
+# the run's options (pitcheck run) of config fields, where a field's name spelled with dashes is not its option
+OPTION_OF = {"shadow": None, "records_per_decade": None, "adversary_params": None, "lm": None}
+
+
 def config_differences(config: RunConfig, manifest: dict, ignore: tuple[str, ...], out: Path) -> list[str]:
     mine, theirs = config.to_json(), manifest["config"]
-    unknown = sorted(set(theirs) - set(mine))
+    # to_json leaves out fields at their defaults (an unsharded run's sharding, an unused source's options):
+    # a manifest holding them is this pitcheck's, and they are compared with this run's values
+    unknown = sorted(set(theirs) - set(RunConfig.__dataclass_fields__))
     if unknown:
         raise PitcheckError(f"{out}/{MANIFEST} has config keys this pitcheck does not know "
                             f"({', '.join(unknown)}): written by another version? pass --force to start over")
-    return [k for k in mine if k not in ignore and mine[k] != theirs.get(k)]
+    full = {k: mine.get(k, getattr(config, k)) for k in RunConfig.__dataclass_fields__}
+    return [k for k in full if k not in ignore and (k in mine or k in theirs) and full[k] != _written(theirs, k)]
+
+
+def _written(theirs: dict, name: str):
+    """A manifest's config value; a field to_json left out had its default there (None: one without a plain
+    default, such as an unused source's options)."""
+    default = RunConfig.__dataclass_fields__[name].default
+    return theirs[name] if name in theirs else (None if default is MISSING else default)
+
+
+def _as_given(name: str, value) -> str:
+    """A config value as the option that gives it to `pitcheck run` ('' if no option does)."""
+    option = OPTION_OF.get(name, "--" + name.replace("_", "-"))
+    if option is None:
+        return "--no-shadow" if name == "shadow" and value is False else ""
+    return f"without {option}" if value in ("", None) else f"{option} {value}"
+
+
+def differences_told(differ: list[str], config: RunConfig, manifest: dict) -> str:
+    """What the run directory was written with where this run differs, and the options that resume it."""
+    theirs = manifest["config"]
+    written = ", ".join(f"{k}={_written(theirs, k)!r}" for k in differ)
+    asked = ", ".join(f"{k}={getattr(config, k)!r}" for k in differ)
+    options = [_as_given(k, _written(theirs, k)) for k in differ]
+    how = f"; resume it with {' '.join(o for o in options if o)}" if all(options) else ""
+    return (f"config differs in {', '.join(differ)}: the run was written with {written}, this run asks "
+            f"{asked}{how}")
 
 
 def check_restart(store: RunDir, config: RunConfig) -> None:
     """A run directory without a checkpoint (results/ keep none): only the very same run may redo it."""
-    differ = config_differences(config, store.read_manifest(), ("device",), store.path)
+    manifest = store.read_manifest()
+    differ = config_differences(config, manifest, ("device",), store.path)
     if differ:
-        raise PitcheckError(f"cannot resume {store.path}: it holds no checkpoint, and its run differs in "
-                            f"{', '.join(differ)}; pass --force to replace it or choose another --out")
+        raise PitcheckError(f"cannot resume {store.path}: it holds no checkpoint, and its "
+                            f"{differences_told(differ, config, manifest)}; pass --force to replace it or choose "
+                            f"another --out")
 
 
 @dataclass
@@ -147,7 +182,7 @@ class Resume:
         """The manifest's config and input files are this run's; returns the steps it was written for."""
         differ = config_differences(self.config, manifest, ("steps", "device"), self.store.path)
         if differ:
-            raise PitcheckError(f"cannot resume {self.store.path}: config differs in {', '.join(differ)}")
+            raise PitcheckError(f"cannot resume {self.store.path}: {differences_told(differ, self.config, manifest)}")
         for key, digest in self.inputs.items():
             # a directory of an older pitcheck may lack a hash: nothing to compare it with
             if manifest.get(key) is not None and manifest[key] != digest:
