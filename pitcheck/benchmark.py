@@ -30,6 +30,7 @@ from .runcost import (AMORTISED_STEPS, RunTimer, StackTimer, amortised_ms, cell_
 from .rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
 from .threads import available_cores, pin_threads, policy_threads
 from .trajectory import RunConfig, available_memory, check_memory, initial_state, make_engine, recorded_steps
+from .trajectory.config import check_argument, is_int
 
 QUICK_SHAPES = [(2048, 32), (16384, 64), (8192, 128), (65536, 32)]
 FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
@@ -351,6 +352,28 @@ def tracking_fraction(results: list[dict], steps_list=(300, 2000)) -> list[dict]
     return out
 
 
+def _shape_pair(shape) -> tuple[int, int]:
+    """One (V, D) of bench's shapes: two ints with 1 <= D <= V (the CLI's VxD rule), else a one-line refusal."""
+    check_argument("bench: each of shapes", shape, (tuple, list), "a (V, D) pair of ints")
+    if len(shape) != 2 or not all(is_int(n) for n in shape):
+        raise PitcheckError(f"bench: each of shapes must be a (V, D) pair of ints, got {shape!r}")
+    V, D = (int(n) for n in shape)
+    if not (V >= 2 and 1 <= D <= V):
+        raise PitcheckError(f"bench: shape {V}x{D}: need 1 <= D <= V and V >= 2")
+    return V, D
+
+
+def bench_arguments(shapes, retractions, rounds, json_path, out) -> None:
+    """bench()'s arguments of their types (a str would be iterated letter by letter), one line otherwise."""
+    check_argument("bench: shapes", shapes, (list, tuple, type(None)), "a list of (V, D) pairs, e.g. [(8192, 128)]")
+    check_argument("bench: retractions", retractions, (list, tuple, type(None)), "a list of retraction names")
+    for name in retractions or ():
+        check_argument("bench: each of retractions", name, (str,), "a retraction name (str)")
+    check_argument("bench: rounds", rounds, (int, type(None)), "an int >= 1 or None")
+    for name, value in (("json_path", json_path), ("out", out)):
+        check_argument(f"bench: {name}", value, (str, os.PathLike, type(None)), "a path (str or pathlib.Path) or None")
+
+
 def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[str]]:
     """The shapes and retractions to time (None: the defaults), refused before anything is timed when a
     list is empty, names something that is not a retraction, or repeats an entry (it would be timed twice
@@ -373,7 +396,7 @@ def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[s
     if shapes is None:
         shapes = QUICK_SHAPES if quick else FULL_SHAPES
     else:
-        shapes = [tuple(s) for s in shapes]
+        shapes = [_shape_pair(s) for s in shapes]
         if not shapes:
             raise PitcheckError("--shape: no shapes given")
         if len(set(shapes)) < len(shapes):
@@ -642,6 +665,7 @@ def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractio
     Bad input (an empty or repeated list, an unknown retraction, rounds < 1, outputs that cannot be
     written or name one file twice) raises PitcheckError before anything is timed.
     """
+    bench_arguments(shapes, retractions, rounds, json_path, out)
     if rounds is not None and rounds < 1:
         raise PitcheckError(f"--rounds must be >= 1, got {rounds}")
     bench_inputs(shapes, retractions, quick)

@@ -6,6 +6,7 @@ directory per scenario, outputs checked before any run) and report (table, JSON,
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from ..errors import PitcheckError
 from ..rundir import write_atomic
+from ..trajectory.config import check_argument
 from .budgets import BudgetResult, check_budget, growth_exponent
 from .report import describe, json_bytes, junit_bytes, plot_broken, rows_of, table, to_json
 from .runner import ScenarioResult, check_outputs, cuda_available, layout, run_scenario, run_scenarios
@@ -50,10 +52,29 @@ class OutputWriteError(PitcheckError):
         self.results = results
 
 
-def stress(files: list[Path | str] | None = None, *, only=(), out: Path | str | None = None,
+def stress_arguments(files, only, out, junit, json, threads) -> tuple[list, list]:
+    """stress()'s arguments of their types: a single path (str or Path) is one file, a single str one --only
+    name (either would be iterated letter by letter); a PitcheckError naming the argument otherwise."""
+    path = (str, os.PathLike)
+    files = [files] if isinstance(files, path) else files
+    check_argument("stress: files", files, (list, tuple, type(None)), "a path or a list of paths")
+    for f in files or ():
+        check_argument("stress: each of files", f, path, "a path (str or pathlib.Path)")
+    only = [only] if isinstance(only, str) else only
+    check_argument("stress: only", only, (list, tuple, set, frozenset), "a scenario name or a list of them")
+    for n in only:
+        check_argument("stress: each of only", n, (str,), "a scenario name (str)")
+    for name, value in (("out", out), ("junit", junit), ("json", json)):
+        check_argument(f"stress: {name}", value, (*path, type(None)), "a path (str or pathlib.Path) or None")
+    check_argument("stress: threads", threads, (int, type(None)), "an int >= 1 or None")
+    return files, list(only)
+
+
+def stress(files: list[Path | str] | Path | str | None = None, *, only=(), out: Path | str | None = None,
            junit: Path | str | None = None, json: Path | str | None = None, echo=None,
            threads: int | None = None) -> StressResult:
-    """Run scenario files (pitcheck's own suite, stress/*.toml, when `files` is empty) and judge them.
+    """Run scenario files (pitcheck's own suite, stress/*.toml, when `files` is empty; one path is one file)
+    and judge them.
 
     only: names of the scenarios to run (bare, or FILE::NAME); all when empty.
     out: the directory that keeps the run directories (out/<file>/<name>) and a PNG of each broken
@@ -66,6 +87,7 @@ def stress(files: list[Path | str] | None = None, *, only=(), out: Path | str | 
     names the file and the key or line at fault. A broken budget is a result, not an error: see
     StressResult.held. OutputWriteError when an output cannot be written after the runs.
     """
+    files, only = stress_arguments(files, only, out, junit, json, threads)
     scenarios = select_scenarios(load_scenarios(files), only)
     junit, json, _ = check_outputs(scenarios, junit=junit, json=json, out=out)
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="pitcheck-stress-"))

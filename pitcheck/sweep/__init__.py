@@ -38,8 +38,10 @@ Householder QR of a Gaussian) rounded to the format Z is stored in, ||Q^T Q - I|
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from ..trajectory.config import check_argument
 from .batches import DEFAULT_BATCH, batch_tasks, run_cell_batch, stack_key
 from .cells import Cell, cell_dir, cell_name, cells, cost_path, finished, run_cell
 from .grid import (AXES, MAX_CELLS, Grid, adversary_label, adversary_spec, cell_count, grid_from_dict, load_grid,
@@ -47,12 +49,12 @@ from .grid import (AXES, MAX_CELLS, Grid, adversary_label, adversary_spec, cell_
 from .report import render, table_lines
 from .runner import read_timing, sweep
 from .summary import COST_COLUMNS, SUMMARY_COLUMNS, read_summary, storage_floor, summarise
-from .verdict import BOUNDED_GROWTH, judge, t_instability_lines, verdict_lines, verdicts
+from .verdict import BOUNDED_GROWTH, judge, judgeable, own_breakdowns, t_instability_lines, verdict_lines, verdicts
 
 __all__ = ["AXES", "BOUNDED_GROWTH", "COST_COLUMNS", "DEFAULT_BATCH", "MAX_CELLS", "SUMMARY_COLUMNS", "Cell", "Grid",
            "batch_tasks", "run_cell_batch", "stack_key",
            "adversary_label", "adversary_spec", "cell_count", "cell_dir", "cell_name", "cells", "compare",
-           "cost_path", "finished", "grid_from_dict", "judge", "load_grid", "override", "parse_shape",
+           "cost_path", "finished", "grid_from_dict", "judge", "judgeable", "load_grid", "own_breakdowns", "override", "parse_shape",
            "read_summary", "read_timing", "render", "run_cell", "storage_floor", "summarise", "sweep",
            "t_instability_lines", "table_lines", "verdict_lines", "verdicts"]
 
@@ -71,8 +73,14 @@ def compare(out: Path | str, grid: Grid, executor: str = "local", workers: int |
     Returns {"rows": the summary rows, "cells", "computed", "wall_seconds", "cell_seconds", "executor",
     "workers", "computations"}. Raises PitcheckError for a grid or an --out that cannot be used, or a cell
     that could not run at all (after the others finish); a cell that breaks down is a result (its row says
-    so, in "breakdowns").
+    so, in "breakdowns", and by whose cause: "breakdowns_T", "breakdowns_own").
     """
+    check_argument("compare: out", out, (str, os.PathLike), "a directory path (str or pathlib.Path)")
+    check_argument("compare: grid", grid, (Grid,), "a pitcheck.sweep.Grid (pitcheck.sweep.load_grid(path) reads "
+                   "a grid file; load_grid(quick=True) is the quick grid)")
+    check_argument("compare: executor", executor, (str,), "'local' or 'ray'")
+    check_argument("compare: force", force, (bool,), "True or False")
+    check_argument("compare: progress", progress, (bool, type(None)), "True, False or None")
     info = sweep(out, grid, executor, workers, address, force, progress, batch)
     render(out, grid, info)
     return info

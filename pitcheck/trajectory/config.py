@@ -30,6 +30,16 @@ def is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
+def check_argument(name: str, value, types: tuple, expected: str) -> None:
+    """A Python API argument of one of `types` (bool counts only where named: it is an int to isinstance),
+    else a one-line PitcheckError naming the argument, what it takes and what it got."""
+    if isinstance(value, types) and (bool in types or not isinstance(value, bool)):
+        return
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise PitcheckError(f"{name} must be {expected}, got {type(value).__name__} {shown}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     backend: str | None = None  # None: default_backend(precision), the numpy reference for fp64, else torch

@@ -1,6 +1,7 @@
 """The loop of a run: build it, step it, record it, stop it cleanly on SIGINT/SIGTERM."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -13,7 +14,7 @@ from ..progress import Progress
 from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, EventLines, RunDir, read_events
 from ..threads import thread_policy
 from .checkpoint import Resume, check_restart, commit, input_hashes, manifest
-from .config import RunConfig, recorded_steps
+from .config import RunConfig, check_argument, recorded_steps
 from .sharded import make_lockstep
 
 
@@ -260,5 +261,11 @@ def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool
     PitcheckError) when the state breaks down; either way the directory holds its last commit, whole.
     threads: torch and BLAS threads of the run (None: the process's thread policy, pitcheck.threads).
     """
+    check_argument("run: config", config, (RunConfig,), "a pitcheck.RunConfig")
+    check_argument("run: out", out, (str, os.PathLike), "a directory path (str or pathlib.Path)")
+    for name, value in (("resume", resume), ("force", force)):
+        check_argument(f"run: {name}", value, (bool,), "True or False")
+    check_argument("run: progress", progress, (bool, type(None)), "True, False or None")
+    check_argument("run: threads", threads, (int, type(None)), "an int >= 1 or None")
     with thread_policy(threads):  # the manifest, built with the Trajectory, records the count
         return Trajectory(config, out, resume=resume, progress=progress, force=force, threads=threads).run()
