@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import PitcheckError
 from ..gradients import parse_adversary
+from ..heads import StateBreakdown
 from ..policy import get_policy
 from ..rundir import read_events, read_manifest, read_metrics, write_atomic
 from ..trajectory import GPU_MIN_ELEMENTS, RunBreakdown, RunConfig, initial_state, make_engine, run, run_device
@@ -90,8 +91,9 @@ def finished(out: Path, cell: Cell) -> bool:
 
 def time_steps(config, steps: int = COST_STEPS, warmup: int = COST_WARMUP) -> float:
     """Milliseconds per optimizer step of this cell's model alone (retraction included; no shadow, no
-    metrics, gradients drawn beforehand): the median over `steps` timed steps after `warmup`. NaN for a
-    sharded cell: its ranks share this machine's cores, so their step time says nothing of a cluster's."""
+    metrics, gradients drawn beforehand): the median over `steps` timed steps after `warmup`, or over those
+    taken before the model broke down (NaN when none were). NaN for a sharded cell: its ranks share this
+    machine's cores, so their step time says nothing of a cluster's."""
     if config.shards > 1:
         return float("nan")
     engine = make_engine(config, config.backend, get_policy(config.precision), run_device(config))
@@ -107,12 +109,17 @@ def time_steps(config, steps: int = COST_STEPS, warmup: int = COST_WARMUP) -> fl
         sync = torch.cuda.synchronize
     for k, g in enumerate(grads):
         t0 = time.perf_counter()
-        engine.step(g, k)
+        try:
+            engine.step(g, k)
+        except StateBreakdown:
+            # the model broke down as its run did (a study that provokes breakdowns): the steps timed before
+            # it are its cost, NaN when there were none; the breakdown is its run's result, not an error
+            break
         if sync:
             sync()
         if k >= warmup:
             times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
+    return float(np.median(times) * 1e3) if times else float("nan")
 
 
 def run_cell(task: dict) -> dict:

@@ -18,7 +18,8 @@ from ..threads import available_cores
 from ..trajectory import versions
 from .cells import COST_STEPS, Cell, cell_dir, cells
 from .grid import Grid, axis_values, parse_shape
-from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, judge, t_instability_lines, verdict_lines
+from .summary import RESOLVABLE_COND_U
+from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, judge, not_judged, own_breakdowns, t_instability_lines, verdict_lines
 from ..heads import get_head
 
 PRECISION_COLOURS = {"fp64": "#1f77b4", "fp32": "#2ca02c", "tf32": "#17becf", "bf16": "#d62728",
@@ -39,7 +40,7 @@ def table_lines(rows: list[dict]) -> list[str]:
     multi = {k for k in varying if len({r[k] for r in rows}) > 1}
     keys = ["precision", "retraction"] + [k for k in varying if k in multi]
     head = keys + ["final ‖ZᵀZ-I‖ (min-max)", "floor", "x floor", "growth exp.", "pinv drift",
-                   "drift bound", "max cond T", "shadow Z", "ms/step", "events", "failed retr.", "breakdowns (of T)"]
+                   "drift bound", "max cond T", "shadow Z", "ms/step", "events", "failed retr.", "breakdowns (T/L; own)", "not judged"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r[k]) if not isinstance(r[k], float) else f"{r[k]:g}" for k in keys]
@@ -49,7 +50,7 @@ def table_lines(rows: list[dict]) -> list[str]:
                   f"{_fmt(r['growth_exponent'], '+.2f')} ± {_fmt(r['growth_exponent_err'], '.2f')}",
                   _fmt(r["final_pinv_drift"]), _fmt(r["drift_bound"]), _fmt(r["max_cond_T"], ".3g"),
                   _fmt(r["shadow_Z"]), _fmt(r["ms_per_step"], ".3g"), str(r["events"]), str(r["failed_retractions"]),
-                  f"{r['breakdowns']} ({r.get('breakdowns_T', 0)})"]
+                  f"{r['breakdowns']} ({r.get('breakdowns_T', 0)}; {own_breakdowns(r)})", str(not_judged(r))]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -122,10 +123,17 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "",
         "## Verdict",
         "",
-        f"Per precision, among the retractions that neither broke down nor let the error grow (growth exponent "
-        f"below {BOUNDED_GROWTH}, measured: a retraction whose growth could not be measured is inconclusive, "
-        f"never safe), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
-        f"row), or the cheapest of those within {ACCURACY_TIE:g}x of it.",
+        f"Per precision, among the retractions that neither failed by themselves nor let the error grow (growth "
+        f"exponent below {BOUNDED_GROWTH}, measured: a retraction whose growth could not be measured is "
+        f"inconclusive, never safe), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
+        f"judged row), or the cheapest of those within {ACCURACY_TIE:g}x of it. A breakdown counts against a "
+        f"retraction only when it is its own: Z broke down (not T or its factor L) while cond(T) u was still "
+        f"below {RESOLVABLE_COND_U:g}, and not in a precision, gradient model and seed where every retraction "
+        "broke down. A row where a run ended in any other breakdown is not judged, neither for the retraction "
+        "nor against it, and neither is a row where T blew up (T or L broke down, or cond(T) u passed "
+        f"{RESOLVABLE_COND_U:g}) under every retraction of the same precision, gradient model and seed, even "
+        "where the run did not end: these are listed under \"not judged\" (T blew up whichever the retraction). "
+        "A retraction's own failures (its Z breakdowns, steps it failed) count in every row.",
         "",
         *verdict_lines(rows),
         "",
@@ -143,7 +151,10 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "= the model's optimizer step alone (retraction included, no shadow or metrics), median of "
         f"{COST_STEPS} steps, measured in the worker while the others ran; events = skipped steps, overflows, "
         "failed retractions (threshold crossings not counted); failed retr. = steps the retraction could not "
-        "take (skipped), which makes it unsafe.",
+        "take (skipped), which makes it unsafe; breakdowns = runs that ended early (T/L: T or its factor L broke; "
+        "own: Z broke while T was resolvable and not under every retraction, the only ones counted against the "
+        "retraction); not judged = seeds whose run judges nothing of its retraction (it ended in a breakdown not "
+        "its own, or T blew up under every retraction of its precision, gradient model and seed).",
         *(["", "shards = the gloo ranks Z is row-sharded over (`pitcheck run --shards`; 1: one process); a sharded "
             "cell's ms/step is not measured (-): its ranks share this machine's cores. Each sharded cell's "
             "metrics.csv holds shard_distance_Z/T, its distance from the single-process run (u)."]
@@ -313,7 +324,7 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     handles += [Line2D([], [], color="black", marker=retraction_style(r).marker, ls="", label=r)
                 for r in retractions]
     handles.append(Line2D([], [], color="black", marker="o", ls="", markerfacecolor="none",
-                          label="hollow: unsafe (grows,\nfails or Z broke down)"))
+                          label="hollow: unsafe (grows, fails\nor Z broke down by itself)"))
     ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xscale("log")
     ax.set_yscale("log")

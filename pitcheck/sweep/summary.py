@@ -13,6 +13,7 @@ import numpy as np
 from ..formats import FORMATS
 from ..metrics import orthonormality_loss
 from ..placement import stored_copy, z_format
+from ..events import EventKind
 from ..policy import get_policy
 from ..rundir import read_events, read_metrics
 from ..stats import growth_fit
@@ -27,15 +28,22 @@ SHARDS_COLUMN = "shards"
 SUMMARY_COLUMNS = KEY_COLUMNS + [
     "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
     "growth_exponent", "growth_exponent_err", "final_pinv_drift", "drift_bound", "max_cond_T", "shadow_Z",
-    "floor", "error_over_floor", "events", "failed_retractions", "breakdowns", "breakdowns_T",
+    "floor", "error_over_floor", "events", "failed_retractions", "breakdowns", "breakdowns_T", "breakdowns_own",
+    "not_judged",
 ]
 # cost.csv: measured times, which no rerun repeats (median over seeds; min and max beside it)
 COST_COLUMNS = KEY_COLUMNS + ["ms_per_step", "ms_per_step_min", "ms_per_step_max", "hosts"]
-# a breakdown of T (L's diagonal at 0: T singular) comes from the gradients and the learning rate, not from
-# the retraction, which only moves Z
+# a breakdown of T or of its factor L (L's diagonal at 0: T singular; L non-finite) comes from the gradients
+# and the learning rate, not from the retraction, which only moves Z
+T_PARTS = ("T", "L")
 # the reasons of T breakdowns in run directories written before breakdown events named their part
-T_BREAKDOWN = ("L's diagonal", "T = L L^T")
+T_BREAKDOWN = ("L's diagonal", "T = L L^T", "L has non-finite")
+# cond(T) u beyond which the precision no longer resolves T's solves (metrics' trisolve_resolved, the run's
+# precision_cannot_resolve event): a Z that breaks down after that broke down because T blew up
+RESOLVABLE_COND_U = 0.1
 FLOOR_SAMPLES = 3
+# breakdown_cause's answers: only CAUSE_OWN counts against the retraction
+CAUSE_T, CAUSE_T_UNRESOLVED, CAUSE_EVERY, CAUSE_OWN = "T", "T unresolved", "every retraction", "own"
 
 
 def sharded_columns(columns: list[str], grid: Grid) -> list[str]:
@@ -74,17 +82,65 @@ def growth_exponent(runs: list[list[dict]], steps: int) -> tuple[float, float]:
 
 
 def breaks_T(event: dict) -> bool:
-    """Whether a breakdown event is T's (L's diagonal at 0): its `part`; a run directory written before
-    breakdown events had one is told by the reason's wording."""
-    if event["event"] != "breakdown":
+    """Whether a breakdown event is T's (L's diagonal at 0, or L non-finite): its `part`; a run directory
+    written before breakdown events had one is told by the reason's wording."""
+    if event["event"] != EventKind.BREAKDOWN:
         return False
     if "part" in event:
-        return event["part"] == "T"
+        return event["part"] in T_PARTS
     return any(t in event.get("reason", "") for t in T_BREAKDOWN)
+
+
+def unresolved(rows: list[dict], u: float, before: float = math.inf) -> bool:
+    """Whether cond(T) u passed RESOLVABLE_COND_U on a recorded step before `before` (NaN: not measured)."""
+    conds = [r["cond_T"] for r in rows if r["step"] < before and not math.isnan(r["cond_T"])]
+    return bool(conds) and max(conds) * u > RESOLVABLE_COND_U
+
+
+def breakdown_cause(events: list[dict], rows: list[dict], u: float) -> str | None:
+    """What ended a cell's run: None (no breakdown); "T" (T or L broke); "T unresolved" (Z, or no one part,
+    broke after cond(T) u had passed RESOLVABLE_COND_U: the last good state is always recorded); "own"
+    otherwise, which judge_cells() turns into "every retraction" where the same precision, gradients and
+    seed broke down under every retraction of the grid."""
+    ends = [e for e in events if e["event"] == EventKind.BREAKDOWN]
+    if not ends:
+        return None
+    if breaks_T(ends[-1]):
+        return CAUSE_T
+    return CAUSE_T_UNRESOLVED if unresolved(rows, u, ends[-1]["step"]) else CAUSE_OWN
+
+
+def judge_cells(all_cells: list[Cell], metrics: dict[str, list[dict]],
+                events: dict[str, list[dict]]) -> dict[str, tuple[str | None, bool]]:
+    """Cell name -> (breakdown_cause, whether the run is no judgement of its retraction).
+
+    Across the retractions (two or more) of one precision, gradient model, shape and seed: an "own" breakdown
+    that every one of them had is relabelled "every retraction"; and where T blew up under every one of them
+    (T or L broke down, or cond(T) u passed RESOLVABLE_COND_U), none of those runs judges its retraction,
+    even one that did not end. A run that ended in a breakdown not its own judges nothing either."""
+    # the same u as the run's precision_cannot_resolve event
+    u = {c.name: get_policy(c.config.precision).u for c in all_cells}
+    cause = {c.name: breakdown_cause(events[c.name], metrics[c.name], u[c.name]) for c in all_cells}
+    blew = {n: cause[n] in (CAUSE_T, CAUSE_T_UNRESOLVED) or unresolved(metrics[n], u[n]) for n in cause}
+    contexts: dict[tuple, list[str]] = {}
+    for c in all_cells:
+        contexts.setdefault(c.group[1:] + (c.config.seed,), []).append(c.name)
+    whichever = set()
+    for names in contexts.values():
+        if len(names) < 2:
+            continue
+        if all(cause[n] is not None for n in names):
+            cause.update({n: CAUSE_EVERY for n in names if cause[n] == CAUSE_OWN})
+        if all(blew[n] for n in names):
+            whichever.update(names)
+    return {n: (cause[n], cause[n] not in (None, CAUSE_OWN) or n in whichever) for n in cause}
 
 
 def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
     """One row per group of cells that differ only in the seed."""
+    metrics = {c.name: read_metrics(cell_dir(out, c) / "metrics.csv") for c in all_cells}
+    events = {c.name: read_events(cell_dir(out, c) / "events.jsonl") for c in all_cells}
+    judged = judge_cells(all_cells, metrics, events)
     groups: dict[tuple, list[Cell]] = {}
     for c in all_cells:
         groups.setdefault(c.group, []).append(c)
@@ -92,14 +148,13 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
     rows = []
     for group, members in groups.items():
         retraction, precision, adversary, optimizer, lr, head, vocab, dim, shards = group
-        runs, events, costs, hosts, broke, failed, broke_T = [], 0, [], set(), 0, 0, 0
+        runs = [metrics[c.name] for c in members]
+        evs = [e for c in members for e in events[c.name]]
+        counted = sum(1 for e in evs if e["event"] not in ("threshold_crossed", "breakdown"))
+        failed = sum(1 for e in evs if e["event"] == "retraction_failed")
+        cause = [judged[c.name][0] for c in members]
+        costs, hosts = [], set()
         for c in members:
-            runs.append(read_metrics(cell_dir(out, c) / "metrics.csv"))
-            evs = read_events(cell_dir(out, c) / "events.jsonl")
-            events += sum(1 for e in evs if e["event"] not in ("threshold_crossed", "breakdown"))
-            broke += any(e["event"] == "breakdown" for e in evs)
-            broke_T += any(breaks_T(e) for e in evs)
-            failed += sum(1 for e in evs if e["event"] == "retraction_failed")
             try:
                 cost = json.loads(cost_path(out, c).read_text())
                 costs.append(float(cost["ms_per_step"]))
@@ -130,7 +185,9 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
             "ms_per_step_min": min(costs, default=float("nan")), "ms_per_step_max": max(costs, default=float("nan")),
             "hosts": " ".join(sorted(h for h in hosts if h)),
             "floor": floors[key],
-            "events": events, "failed_retractions": failed, "breakdowns": broke, "breakdowns_T": broke_T,
+            "events": counted, "failed_retractions": failed, "breakdowns": sum(x is not None for x in cause),
+            "breakdowns_T": cause.count(CAUSE_T), "breakdowns_own": cause.count(CAUSE_OWN),
+            "not_judged": sum(judged[c.name][1] for c in members),
         }
         row["error_over_floor"] = row["final_orthonormality"] / row["floor"]
         rows.append(row)
@@ -161,11 +218,16 @@ def _read_rows(path: Path) -> list[dict]:
             if k in ("retraction", "precision", "adversary", "optimizer", "head", "hosts"):
                 row[k] = v
             elif k in ("vocab", "dim", "shards", "steps", "seeds", "events", "failed_retractions", "breakdowns",
-                       "breakdowns_T"):
+                       "breakdowns_T", "breakdowns_own", "not_judged"):
                 row[k] = int(v)
             else:
                 row[k] = float(v) if v else float("nan")
         row.setdefault(SHARDS_COLUMN, 1)  # a summary without the column: every cell ran in one process
+        if "breakdowns" in row:
+            # a summary written before breakdowns had causes: every one not T's counted against the retraction,
+            # as it was judged then
+            row.setdefault("breakdowns_own", row["breakdowns"] - row.get("breakdowns_T", 0))
+            row.setdefault("not_judged", row.get("breakdowns_T", 0))
         rows.append(row)
     return rows
 

@@ -1,10 +1,11 @@
 """A sweep's verdict: per precision, the recommended retraction and why, the unsafe and the inconclusive
-ones; and the rows where T, not Z, was the problem."""
+ones, the rows it cannot judge (a run ended because T blew up, whichever the retraction); and the rows where
+T, not Z, was the problem."""
 from __future__ import annotations
 
 import math
 
-from .summary import median
+from .summary import RESOLVABLE_COND_U, median
 from ..heads import get_head
 
 # beyond this cond(T) the head's solves lose all of fp32's digits: T, not Z, is then the problem
@@ -24,30 +25,72 @@ def measurable(row: dict) -> bool:
     return math.isfinite(row["growth_exponent"]) and math.isfinite(row["growth_exponent_err"])
 
 
+def own_breakdowns(row: dict) -> int:
+    """The row's breakdowns counted against its retraction (summary.breakdown_cause: Z broke while T was still
+    resolvable, and not under every retraction); a row read from an older summary: every one not T's."""
+    return row.get("breakdowns_own", row["breakdowns"] - row.get("breakdowns_T", 0))
+
+
+def not_judged(row: dict) -> int:
+    """Seeds of the row whose run is no judgement of its retraction (summary.judge_cells: it ended in a
+    breakdown not its own, or T blew up under every retraction); a row read from an older summary: its T
+    breakdowns."""
+    return row.get("not_judged", row["breakdowns"] - own_breakdowns(row))
+
+
+def judgeable(row: dict) -> bool:
+    """Whether the row's error and growth judge its retraction: not when a seed's run is no judgement of it
+    (it stopped early, or T blew up, for reasons any retraction would have had)."""
+    return not_judged(row) == 0
+
+
 def judge(row: dict) -> tuple[bool, str]:
-    """(unsafe, why) for one summary row."""
+    """(unsafe, why) for one summary row: the retraction's own failures always count; the error's growth
+    only in a row that can judge it (judgeable)."""
     reasons = []
-    z_breakdowns = row["breakdowns"] - row.get("breakdowns_T", 0)
-    if z_breakdowns:
-        reasons.append(f"Z broke down in {z_breakdowns} of {row['seeds']} seeds")
+    own = own_breakdowns(row)
+    if own:
+        reasons.append(f"Z broke down in {own} of {row['seeds']} seeds")
     if row.get("failed_retractions"):
         reasons.append(f"the retraction failed in {row['failed_retractions']} steps (skipped)")
-    g = row["growth_exponent"]
-    if math.isfinite(g) and g >= BOUNDED_GROWTH:
-        reasons.append(f"error grows like k^{g:.2f}: {row['error_over_floor']:.2g}x the floor at step {row['steps']}")
-    if not math.isfinite(row["final_orthonormality"]):
-        reasons.append("non-finite error")
+    if judgeable(row):
+        g = row["growth_exponent"]
+        if math.isfinite(g) and g >= BOUNDED_GROWTH:
+            reasons.append(f"error grows like k^{g:.2f}: {row['error_over_floor']:.2g}x the floor at step {row['steps']}")
+        if not math.isfinite(row["final_orthonormality"]):
+            reasons.append("non-finite error")
     return bool(reasons), "; ".join(reasons)
 
 
+NOT_JUDGED = "T blew up whichever the retraction: not a judgement of the retraction"
+
+
+def where(row: dict, rows: list[dict]) -> str:
+    """The row among `rows` in words: its gradient model, and every other axis but the retraction and
+    precision that varies among them."""
+    parts = [row["adversary"]]
+    for key, text in (("optimizer", "{}"), ("lr", "lr={:g}"), ("head", "head {}"), ("shards", "{} shards")):
+        if len({r.get(key) for r in rows}) > 1:
+            parts.append(text.format(row.get(key)))
+    if len({(r.get("vocab"), r.get("dim")) for r in rows}) > 1:
+        parts.append(f"{row['vocab']}x{row['dim']}")
+    return ", ".join(parts)
+
+
 def verdicts(rows: list[dict]) -> list[dict]:
-    """Per precision: the recommended retraction and why, the unsafe combinations and the inconclusive ones.
+    """Per precision: the recommended retraction and why, the unsafe combinations, the inconclusive ones and
+    the rows not judged.
 
     A retraction is unsafe in a precision when, in any row of that precision (adversary, head, shape...),
-    it broke down or its error grows (growth exponent >= BOUNDED_GROWTH). It is inconclusive, never safe,
-    when it is not unsafe but some row's growth could not be measured (too few recorded steps). Among the
-    safe ones its error is its worst final ||Z^T Z - I||_F / floor over those rows; the most accurate wins,
-    unless a cheaper one is within ACCURACY_TIE of its error, in which case the cheapest of those wins.
+    it failed by itself (summary.breakdown_cause: Z broke down while T was resolvable and not under every
+    retraction; or the retraction failed steps) or, in a row that can judge it, its error grows (growth
+    exponent >= BOUNDED_GROWTH). A row where a seed's run is no judgement of the retraction (it ended in a
+    breakdown not its own, or T blew up under every retraction: summary.judge_cells) is not judged (listed in
+    "not_judged"), neither for nor against it. A retraction is inconclusive, never
+    safe, when it is not unsafe but some judged row's growth could not be measured (too few recorded steps),
+    and not judged when no row of it can be. Among the safe ones its error is its worst final
+    ||Z^T Z - I||_F / floor over its judged rows; the most accurate wins, unless a cheaper one is within
+    ACCURACY_TIE of its error, in which case the cheapest of those wins.
     """
     out = []
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
@@ -56,21 +99,25 @@ def verdicts(rows: list[dict]) -> list[dict]:
         by_ret: dict[str, list[dict]] = {}
         for r in prow:
             by_ret.setdefault(r["retraction"], []).append(r)
-        unsafe, safe, inconclusive = [], [], []
-        for ret, rs in by_ret.items():
-            bad = [(r, why) for r in rs for bad_, why in [judge(r)] if bad_]
+        unsafe, safe, inconclusive, unjudged = [], [], [], []
+        for ret, all_rs in by_ret.items():
+            rs = [r for r in all_rs if judgeable(r)]
+            bad = [(r, why) for r in all_rs for bad_, why in [judge(r)] if bad_]
             unmeasured = [r for r in rs if not measurable(r)]
             if bad:
                 r, why = max(bad, key=lambda b: b[0]["growth_exponent"] if math.isfinite(b[0]["growth_exponent"])
                              else math.inf)
-                where = f" ({r['adversary']})" if len({x['adversary'] for x in rs}) > 1 else ""
-                unsafe.append({"retraction": ret, "why": why + where})
-            elif unmeasured:
+                at = f" ({r['adversary']})" if len({x['adversary'] for x in all_rs}) > 1 else ""
+                unsafe.append({"retraction": ret, "why": why + at})
+                continue
+            unjudged += [{"retraction": ret, "where": where(r, prow), "seeds": r["seeds"], "of": not_judged(r)}
+                         for r in all_rs if not judgeable(r)]
+            if unmeasured:
                 r = unmeasured[0]
-                where = f" ({r['adversary']})" if len({x['adversary'] for x in rs}) > 1 else ""
+                at = f" ({r['adversary']})" if len({x['adversary'] for x in all_rs}) > 1 else ""
                 inconclusive.append({"retraction": ret, "why": "growth exponent not measurable (too few recorded "
-                                     f"steps between sqrt(N) and N = {r['steps']}: give more steps){where}"})
-            else:
+                                     f"steps between sqrt(N) and N = {r['steps']}: give more steps){at}"})
+            elif rs:
                 worst = max(rs, key=lambda r: r["error_over_floor"])
                 safe.append({"retraction": ret, "ratio": worst["error_over_floor"], "row": worst,
                              "growth": max(r["growth_exponent"] for r in rs),
@@ -88,31 +135,39 @@ def verdicts(rows: list[dict]) -> list[dict]:
         floor = max((r["floor"] for r in prow), default=0.0)
         unresolved = floor > RESOLVABLE_FLOOR
         out.append({"precision": p, "best": None if unresolved else best, "safe": safe, "unsafe": unsafe,
-                    "inconclusive": inconclusive, "judged": bool(by_ret), "floor": floor, "unresolved": unresolved})
+                    "inconclusive": inconclusive, "not_judged": unjudged, "judged": bool(by_ret), "floor": floor,
+                    "unresolved": unresolved})
     return out
 
 
 def t_instability_lines(rows: list[dict]) -> list[str]:
-    """Rows where T, not Z, failed: cond(T) beyond UNSTABLE_COND_T or L's diagonal reached 0. These come
-    from the gradient model and learning rate, so they are reported apart from the retractions."""
+    """Rows where T, not Z, failed: cond(T) beyond UNSTABLE_COND_T, or a run ended in a breakdown that was not
+    the retraction's. These come from the gradient model and learning rate, so they are reported apart from
+    the retractions."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if get_head(r["head"]).has_retraction and (r.get("breakdowns_T") or r["max_cond_T"] > UNSTABLE_COND_T):
+        if get_head(r["head"]).has_retraction and (not judgeable(r) or r["max_cond_T"] > UNSTABLE_COND_T):
             groups.setdefault((r["adversary"], r["optimizer"], r["lr"]), []).append(r)
     lines = []
     for (adv, opt, lr), rs in groups.items():
         seeds = sum(r["seeds"] for r in rs)
         broke = sum(r.get("breakdowns_T", 0) for r in rs)
+        after = sum(r["breakdowns"] - own_breakdowns(r) for r in rs) - broke
         worst = max(r["max_cond_T"] for r in rs)
+        also = (f"; Z broke down after cond(T) u passed {RESOLVABLE_COND_U:g}, or under every retraction, in "
+                f"{after} more" if after else "")
         lines.append(f"- T, not Z, is unstable under {adv} with {opt} lr={lr:g}: cond(T) reached {worst:.1e} in "
-                     f"{len(rs)} rows, and L's diagonal reached 0 (T singular, run ended) in {broke} of {seeds} "
-                     "runs, whichever the retraction; gradient overflows and skipped steps in these rows follow "
-                     "from it. Their Z errors are still comparable; their pinv drift is not.")
+                     f"{len(rs)} rows, and T or its factor L broke down (L's diagonal at 0 or non-finite: run "
+                     f"ended) in {broke} of {seeds} runs, whichever the retraction{also}. These breakdowns are not "
+                     "counted against any retraction, and the rows they ended are not judged (nor those where T blew "
+                     "up under every retraction); gradient overflows and skipped steps in these rows follow from T. "
+                     "Where T stayed resolvable under some retraction, the Z errors are still comparable; the pinv "
+                     "drift is not.")
     return lines
 
 
 def verdict_lines(rows: list[dict]) -> list[str]:
-    lines = ["| precision | recommended | why | unsafe |", "|---|---|---|---|"]
+    lines = ["| precision | recommended | why | unsafe | not judged |", "|---|---|---|---|---|"]
     for v in verdicts(rows):
         b = v["best"]
         if b:
@@ -127,12 +182,23 @@ def verdict_lines(rows: list[dict]) -> list[str]:
         elif v["inconclusive"]:
             rec, why = "none", ("inconclusive: no retraction was shown safe; "
                                 + "; ".join(f"{u['retraction']}: {u['why']}" for u in v["inconclusive"]))
+        elif v["not_judged"] and not v["unsafe"]:
+            rec, why = "none", f"no row could be judged ({NOT_JUDGED})"
+        elif v["not_judged"]:
+            rec, why = "none", "every retraction tried is unsafe or could not be judged here"
         else:
             rec, why = "none", "every retraction tried is unsafe here"
         unsafe = "; ".join(f"{u['retraction']} ({u['why']})" for u in v["unsafe"]) or "none"
         if b and v["inconclusive"]:
             why += "; not judged: " + "; ".join(f"{u['retraction']} ({u['why']})" for u in v["inconclusive"])
-        lines.append(f"| {v['precision']} | {rec} | {why} | {unsafe} |")
+        lines.append(f"| {v['precision']} | {rec} | {why} | {unsafe} | {not_judged_text(v['not_judged'])} |")
     return lines
 
 
+def not_judged_text(entries: list[dict]) -> str:
+    """The rows not judged, as one table cell: each retraction with where and in how many seeds its runs ended,
+    then why once."""
+    if not entries:
+        return "none"
+    listed = "; ".join(f"{e['retraction']} ({e['where']}, {e['of']} of {e['seeds']} seeds)" for e in entries)
+    return f"{listed}: {NOT_JUDGED}"
