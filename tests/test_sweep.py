@@ -396,11 +396,14 @@ def test_quick_compare_meets_the_issue(tmp_path):
     assert rows["cayley", "fp32"]["growth_exponent"] - rows["qr", "fp32"]["growth_exponent"] > 0.2
 
 
-def test_a_breakdown_of_t_is_not_blamed_on_the_retraction():
+def test_a_breakdown_of_t_is_not_blamed_on_the_retraction_nor_judged_for_it():
     rows = [_row("qr", "fp64", 1e-15, 0.0, 0.1, floor=1e-15), _row("polar", "fp64", 3e-15, 0.0, 0.1, floor=1e-15)]
-    rows[0].update(breakdowns=1, breakdowns_T=1, max_cond_T=1.5e34, adversary="dense_output+sparse_input")
+    rows[0].update(breakdowns=1, breakdowns_T=1, breakdowns_own=0, not_judged=1, max_cond_T=1.5e34,
+                   adversary="dense_output+sparse_input")
     (v,) = sw.verdicts(rows)
-    assert v["best"]["retraction"] == "qr" and not v["unsafe"]
+    # qr's one row ended because T broke: neither unsafe nor recommended on it
+    assert v["best"]["retraction"] == "polar" and not v["unsafe"]
+    assert v["not_judged"] == [{"retraction": "qr", "where": "dense_output+sparse_input", "seeds": 3, "of": 1}]
     (line,) = sw.t_instability_lines(rows)
     assert "T, not Z, is unstable under dense_output+sparse_input" in line and "1.5e+34" in line
     assert "in 1 of 3 runs" in line
