@@ -67,6 +67,9 @@ class RunConfig:
     lm: LMParams = field(default_factory=LMParams)  # the lm source's model and batches
 
     def __post_init__(self):
+        # whether the backend was given (not a field: the manifest and a cell's name stay as they were); a
+        # refusal of it then names the option given, or the default that chose it
+        object.__setattr__(self, "backend_given", self.backend is not None)
         if self.backend is None:  # the Python API infers it as the CLI and compare do
             object.__setattr__(self, "backend", default_backend(self.precision))
         # a grid's [fixed.lm] table or a manifest's dict
@@ -201,7 +204,9 @@ def check_sharding(cfg: RunConfig) -> None:
         return
     policy = get_policy(cfg.precision)
     refusals = [
-        (cfg.backend != "torch", "runs on the torch backend (torch.distributed): drop --backend numpy"),
+        (cfg.backend != "torch", "runs on the torch backend (torch.distributed): " + (
+            f"not --backend {cfg.backend}; give --backend torch" if cfg.backend_given else
+            f"precision {cfg.precision} runs on {cfg.backend} by default; give --backend torch")),
         (cfg.device.startswith("cuda"), "runs its ranks on the CPU (gloo): use --device cpu"),
         (cfg.head != "pit", "shards PIT's Z: use --head pit"),
         (bool(stateful_source(cfg.adversary)), f"takes the stateless adversaries, not {cfg.adversary}"),
