@@ -1618,3 +1618,16 @@ def test_wrapped_storage_reads_inner_tensors_and_metadata_dtypes():
     # packed FP4: the elements are uint8 bytes, their type only in the wrapper's metadata
     fp4 = MXTensor.to_mx(torch.randn(4, 64), torch.float4_e2m1fn_x2, 32)
     assert _wrapped_storage(fp4) == {"stored": "float4_e2m1fn_x2", "wrapper": "MXTensor"}
+
+
+def test_a_float64_build_with_no_memory_to_take_back_may_carry_storage_rounding_and_says_so():
+    # the probe found no V x D tensor to take to the manifold: what the build shows may be the stored values'
+    # rounding, so the reason must not call it a defect of the code (and with one found, it does)
+    E, W = rounded_maps(cond=1.0, dtype="float64")
+    for tall, words in (([], "may carry"), (["Z"], "a defect of the code")):
+        probe = probe_of(("step 0", rounded_maps(cond=1.0, dtype="bfloat16")),
+                         ("step 40", rounded_maps(cond=1.0, dtype="bfloat16", seed=1)))
+        probe.facts["shadow_start"] = {"tall": tall, "reprojected": {}}
+        result = verdict("trajectory", with_shadow(probe, {"step 40": (E, W * 1.01)}), BF16W)
+        assert result.verdict == "inconclusive" and words in result.reason, result.reason
+        assert ("a defect of the code" in result.reason) == bool(tall)

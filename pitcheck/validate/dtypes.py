@@ -41,6 +41,17 @@ def element_bits(dtype_name: str) -> int | None:
         return None
 
 
+def unit_roundoff(dtype_name: str) -> float:
+    """u = 2^-p of any floating torch dtype a target may store a tensor in, the 8- and 4-bit ones included
+    (a target asked for float32 may keep a float8 copy of its memory)."""
+    if dtype_name in UNIT_ROUNDOFF:
+        return UNIT_ROUNDOFF[dtype_name]
+    bits = element_bits(dtype_name)
+    if bits is None:
+        raise PitcheckError(f"{dtype_name} holds no floating values")
+    return 2.0 ** -bits
+
+
 def narrow_dtype_refusal(dtype_name: str) -> str | None:
     """Why validating in an 8- or 4-bit dtype is refused (None for any other name)."""
     bits = element_bits(dtype_name)

@@ -344,6 +344,10 @@ def probe_contract(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
         if t.is_floating_point()
     ]
     E, W = h.maps()
+    narrow = [t for t in out.facts["tensors"] if (element_bits(t.get("stored", t["dtype"])) or 99) <
+              (element_bits(_dtype_name(h.dtype)) or 0)]
+    if narrow:
+        mark_narrow_reads(h, narrow, E, W)
     # at initialisation the maps may show stored values as they are (T = I: E = Z), exact in a narrower
     # format by construction (a Hadamard or identity memory, float32 draws cast up): not judged for precision
     out.add_state("init", E, W, at_init=True)
@@ -353,16 +357,71 @@ def probe_contract(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
     return out
 
 
-def synced_shadow(h: Harness, shadow):
-    """`shadow` (the target built in float64) put at h's state, or None where there is none or the state
-    does not transfer (the judging then has no float64 build to consult)."""
+# Loaded from the dtype under test, the float64 build holds its stored values: a memory rounded to bfloat16
+# sits ~6e-4 off the manifold (V = 2048, D = 32), storage rounding that no defect of the code made. A V x D
+# tensor (the memory, a frozen memory, an anchor copy) within this many times sqrt(D) units of its storage
+# format from orthonormal is taken to the nearest orthonormal matrix, its polar factor, before the build's
+# first step; one further off is left as stored (a parametrisation's raw tensor, or a defect to be seen).
+STORAGE_REPROJECT = 4.0
+
+
+def mark_narrow_reads(h: Harness, narrow: list, E, W) -> None:
+    """For each tensor fact in `narrow` (stored narrower than the dtype under test), whether the maps read it:
+    zeroed, does E or W change? A tensor that cannot be zeroed and restored counts as read."""
+    torch = h.torch
+    tensors = {**dict(h.module.named_parameters()), **dict(h.module.named_buffers())}
+    for fact in narrow:
+        t = tensors[fact["name"]]
+        try:
+            saved = t.detach().clone()
+            with torch.no_grad():
+                t.zero_()
+            try:
+                E0, W0 = h.maps()
+                fact["read_by_maps"] = not (np.array_equal(E0, E) and np.array_equal(W0, W))
+            finally:
+                with torch.no_grad():
+                    t.copy_(saved)
+        except Exception:
+            fact["read_by_maps"] = True
+
+
+def synced_shadow(h: Harness, shadow, out: Probe):
+    """`shadow` (the target built in float64) put at h's state with its stored orthonormal tensors taken back
+    to the manifold from the dtype's rounding, or None where there is none or the state does not transfer
+    (the judging then has no float64 build to consult). out.facts["shadow_start"] records what was taken
+    back, from how far off (checks.judge_shadow)."""
     if shadow is None:
         return None
     try:
         shadow.module.load_state_dict(h.module.state_dict())
     except Exception:
         return None
+    torch = h.torch
+    stored, start = h.module.state_dict(), {"tall": [], "reprojected": {}}
+    with torch.no_grad():
+        for name, t in shadow.module.state_dict().items():
+            if not (t.is_floating_point() and t.dim() == 2 and sorted(t.shape) == sorted((h.vocab, h.dim))
+                    and name in stored):
+                continue
+            start["tall"].append(name)
+            z = t.detach().to("cpu", torch.float64).numpy()
+            z = z.T if z.shape[0] < z.shape[1] else z
+            gap = stiefel_gap(z)
+            u = float(torch.finfo(stored[name].dtype).eps) / 2
+            if 0 < gap <= STORAGE_REPROJECT * math.sqrt(h.dim) * u:
+                U, _, Vt = np.linalg.svd(z, full_matrices=False)
+                polar = U @ Vt
+                t.copy_(torch.from_numpy(polar if t.shape[0] >= t.shape[1] else polar.T.copy()).to(t.dtype))
+                start["reprojected"][name] = gap
+    out.facts["shadow_start"] = start
     return shadow
+
+
+def stiefel_gap(Z: np.ndarray) -> float:
+    """||Z^T Z - I||_2 of a V x D array (a D x D Gram)."""
+    G = Z.T @ Z
+    return float(np.max(np.abs(np.linalg.eigvalsh(0.5 * (G + G.T)) - 1.0)))
 
 
 def add_shadow_maps(out: Probe, label: str, shadow) -> None:
@@ -382,7 +441,7 @@ def probe_penrose(h: Harness, generic_cond: float = 10.0, shadow=None, **_) -> P
     """The maps at initialisation, after 3 own steps and at cond(T) = generic_cond. `shadow` (the same target
     built in float64, for a dtype narrower than float32) takes the same 3 steps from the same state."""
     out = Probe()
-    shadow = synced_shadow(h, shadow)
+    shadow = synced_shadow(h, shadow, out)
     out.add_state("init", *h.maps(), cond_target=1.0)
     if shadow is not None:
         add_shadow_maps(out, "init", shadow)
@@ -580,11 +639,21 @@ def probe_trajectory(h: Harness, steps: int = 200, shadow=None, **_) -> Probe:
     marks = [m for m in marks if m <= steps]
     rng = np.random.default_rng(rng_seed)
     shadow_rng = np.random.default_rng(rng_seed)
-    shadow = synced_shadow(h, shadow)
+    shadow = synced_shadow(h, shadow, out)
+    # the memory's orthonormality is measured on the memory itself where the optimizer's V x D tensor is
+    # found (the maps show only W E, whose error may lie in the solves or the head)
+    memory = h.memory_access()
+    if memory is not None:
+        out.facts["memory"] = memory.name
     for step in range(steps + 1):
         if step in marks:
             E, W = h.maps()
             facts = {"step": step}
+            if memory is not None:
+                Z = memory.read()
+                facts["memory_orthonormality"] = stiefel_gap(Z)
+                if step == 0:
+                    out.arrays["memory:step 0"] = Z  # whether it is the Z the maps use (checks.check_trajectory)
             if shadow is not None:
                 add_shadow_maps(out, f"step {step}", shadow)
                 E64, W64 = out.arrays[f"E64:step {step}"], out.arrays[f"W64:step {step}"]
@@ -643,7 +712,10 @@ class MemoryAccess:
     def anchors(self) -> list:
         """Buffers holding a copy of the memory (a Cayley anchor: the point last retracted to)."""
         torch, memory = self.harness.torch, self.tensor
-        return [b for _, b in self.harness.module.named_buffers() if b.shape == memory.shape and torch.equal(b, memory)]
+        # a copy has the memory's dtype and device: torch.equal would raise on a float8 buffer of its shape
+        return [b for _, b in self.harness.module.named_buffers()
+                if b.shape == memory.shape and b.dtype == memory.dtype and b.device == memory.device
+                and torch.equal(b, memory)]
 
     def read(self) -> np.ndarray:
         z = to_numpy(self.tensor)
@@ -730,14 +802,22 @@ def probe_checkpoint(h: Harness, fresh=None, **_) -> Probe:
 
 
 def _attempt(fn) -> dict:
+    """fn()'s value (a tensor copied to the CPU), or what it raised. The copy is made inside: on CUDA a
+    kernel's error (a device-side assert) surfaces only when its result is read, and is this call's."""
+    torch = _torch()
     try:
         value = fn()
+        if isinstance(value, torch.Tensor):
+            value = value.detach().to("cpu")
     except Exception as exc:
         return {"raised": describe_exception(exc)}
     return {"value": value}
 
 
-def probe_bad_input(h: Harness, **_) -> Probe:
+def probe_bad_input(h: Harness, done: Probe | None = None, after_case=None, **_) -> Probe:
+    """Each bad input's result or refusal. done: the cases an earlier worker ran before its device context
+    was lost (a device-side assert on an out-of-range id is CUDA's refusal, and poisons the process); they
+    are kept and the rest run here. after_case(probe) is called after each case with the cases so far."""
     torch = h.torch
     out = Probe()
     V, D = h.vocab, h.dim
@@ -759,8 +839,14 @@ def probe_bad_input(h: Harness, **_) -> Probe:
             x[1] = bad
             return h.logits(x)
         cases[name] = call
-    results = {}
+    earlier = done.facts.get("cases", {}) if done is not None else {}
+    results = out.facts["cases"] = {}
     for name, fn in cases.items():
+        if name in earlier:
+            results[name] = earlier[name]
+            if f"value:{name}" in done.arrays:
+                out.arrays[f"value:{name}"] = done.arrays[f"value:{name}"]
+            continue
         with torch.no_grad():
             r = _attempt(fn)
         if "value" in r:
@@ -768,7 +854,8 @@ def probe_bad_input(h: Harness, **_) -> Probe:
             r["shape"] = list(value.shape)
             out.arrays[f"value:{name}"] = to_numpy(value)
         results[name] = r
-    out.facts["cases"] = results
+        if after_case is not None:
+            after_case(out)
     return out
 
 

@@ -7,6 +7,7 @@ broken ones start from (itself correct), so each broken file differs from it by 
 # the check that exists to catch each broken module's bug (what the validator's tests assert)
 CAUGHT_BY = {
     "broken_one_solve": "penrose",
+    "broken_jittered_inverse": "penrose",
     "broken_transposed": "penrose",
     "broken_init": "penrose",
     "broken_no_retraction": "trajectory",
