@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import PitcheckError
 from ..threads import policy_threads
+from .device import ContextLost
 from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition
 from .isolation import TargetRun, run_isolated
 from .result import ValidationResult
@@ -15,7 +16,7 @@ from .shard_checks import SHARDED_CHECKS, judge
 from .probes import describe_exception, load_probe
 from .dtypes import DTYPES, UNIT_ROUNDOFF, narrow_dtype_refusal
 from .target import describe_callable
-from .worker import PhaseLog, collect
+from .worker import PhaseLog, collect, last_phase
 
 DEFAULT_VOCAB, DEFAULT_DIM, DEFAULT_STEPS, DEFAULT_TIMEOUT = 2048, 32, 200, 300.0
 
@@ -128,12 +129,22 @@ def _run_here(factory, request: dict) -> TargetRun:
         log = PhaseLog(out / "phases.log")
         try:
             collect(factory, request, out, log)
+        except ContextLost as lost:
+            # the loss is CUDA's, not a verdict on the target (an out-of-range id's device-side assert is a
+            # refusal); only a fresh process could run the rest, and this one is the caller's
+            run.fatal = (f"the device context was lost after {lost.where} ({lost.reason}); a factory that "
+                         "cannot be imported by name runs in the validator's process, which cannot start a fresh "
+                         "process for the rest: give the target as module:factory or path/file.py:factory")
+            run.failed_during = _check_of(last_phase(out / "phases.log", ""))
         except (Exception, SystemExit) as exc:  # a factory calling sys.exit must not end the caller
-            phases = (out / "phases.log").read_text().split("\n")
-            phase = phases[-2] if len(phases) > 1 else "build"
+            phase = last_phase(out / "phases.log", "build")
             run.fatal = f"target failed during {phase}: {describe_exception(exc)}"
-            run.failed_during = phase[len("check "):] if phase.startswith("check ") else ""
+            run.failed_during = _check_of(phase)
         for name in request["checks"]:
             if (out / f"{name}.npz").exists():
                 run.probes[name] = load_probe(out / f"{name}.npz")
     return run
+
+
+def _check_of(phase: str) -> str:
+    return phase[len("check "):] if phase.startswith("check ") else ""

@@ -1,8 +1,10 @@
 """Running the target in a child process with a time limit.
 
 A hang, os.abort(), a segfault, an exception at import or an early exit with status 0 (a worker that ends
-without its "finished" phase) becomes a one-line reason naming the phase it happened in; the validator
-itself never hangs or crashes with the target. lifeline.py keeps the target's processes from outliving
+without its "finished" phase) becomes a one-line reason naming the phase it happened in (a timeout also
+the phases that took longest); the validator itself never hangs or crashes with the target. A worker
+whose device context was lost (a CUDA error is sticky: device.py) is followed by a fresh one for what has
+no result yet, within the same time limit. lifeline.py keeps the target's processes from outliving
 the validation, and the worker's sys.path from starting with the working directory.
 """
 from __future__ import annotations
@@ -18,8 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .device import LOST_STATUS
 from .lifeline import TAG_VAR, cleanup, worker_command
 from .probes import load_probe
+from .worker import read_phases
 
 
 @dataclass
@@ -29,11 +33,7 @@ class TargetRun:
     failed_during: str = ""  # the check in progress when the target died, if it died in one
     seconds: float = 0.0
     skipped: dict = field(default_factory=dict)  # check name -> why it was not run (the target still ran)
-
-
-def _phases(out: Path) -> list[str]:
-    path = out / "phases.log"
-    return path.read_text().split("\n")[:-1] if path.exists() else []
+    restarts: list = field(default_factory=list)  # why each fresh worker was started (a lost device context)
 
 
 def _death(code: int) -> str:
@@ -67,60 +67,106 @@ def run_isolated(request: dict, timeout: float) -> TargetRun:
 
 
 def _run_isolated(request: dict, timeout: float) -> TargetRun:
+    """One worker, and a fresh one on the same OUT each time a worker's device context was lost (it saved
+    what it had: a result or a case at least each time); every worker counts against the one `timeout`."""
     start = time.monotonic()
+    deadline = start + timeout
     with tempfile.TemporaryDirectory(prefix="pitcheck-validate-") as tmp:
         out = Path(tmp)
         (out / "request.json").write_text(json.dumps(request))
-        stderr_path = out / "stderr.txt"
-        env = dict(os.environ)
         # every process the target starts inherits this tag, so the cleanup finds it even after a setsid()
         tag = secrets.token_hex(8)
-        env[TAG_VAR] = tag
-        # the guardian's pipe: its write end lives only here, so it reads end-of-file when this process ends
-        read_fd, write_fd = os.pipe()
-        try:
-            with open(stderr_path, "wb") as err:
-                # not PYTHONPATH or `-m` with the working directory first: a random.py there would shadow the
-                # standard library; target.load_factory finds the target from the working directory
-                proc = subprocess.Popen(worker_command(str(out / "request.json"), read_fd),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                        start_new_session=True, pass_fds=(read_fd,))
-                os.close(read_fd)
-                read_fd = -1
-                code, timed_out = None, True
-                try:
-                    code = proc.wait(timeout=timeout)
-                    timed_out = False
-                except subprocess.TimeoutExpired:
-                    pass
-                finally:
-                    # always, the target's processes go: on a timeout, on Ctrl-C or SIGTERM, and after a clean
-                    # exit too (children it forked, setsid() or not, must not outlive the validation)
-                    cleanup(proc.pid, tag)
-                    proc.wait()
-        finally:
-            for fd in (read_fd, write_fd):
-                if fd >= 0:
-                    os.close(fd)
-        run = TargetRun(seconds=time.monotonic() - start)
+        run = TargetRun()
+        lost_after_last = False
+        while True:
+            progress = _saved(out)
+            code, timed_out = _run_worker(out, tag, deadline - time.monotonic())
+            if timed_out or code != LOST_STATUS or not (out / "lost.txt").exists():
+                break  # a target's own exit with that status is an exit like any other
+            lost = (out / "lost.txt").read_text().strip()
+            (out / "lost.txt").unlink()
+            run.restarts.append(lost)
+            if not _remaining(out, request):
+                lost_after_last = True  # lost after the last result: nothing is left to run
+                break
+            if _saved(out) == progress:  # a worker that saves nothing would be restarted for ever
+                run.fatal = f"the target's worker lost its device context without a result ({lost})"
+                break
+        run.seconds = time.monotonic() - start
         for name in request["checks"]:
             path = out / f"{name}.npz"
             if path.exists():
                 run.probes[name] = load_probe(path)
-        phases = _phases(out)
-        phase = phases[-1] if phases else "start-up"
+        phases = read_phases(out / "phases.log")
+        phase = phases[-1][1] if phases else "start-up"
         if phase.startswith("check "):
             run.failed_during = phase[len("check "):]
-        if timed_out:
-            run.fatal = f"target timed out after {timeout:g} s during {phase}"
+        if run.fatal:
+            pass
+        elif timed_out:
+            run.fatal = f"target timed out after {timeout:g} s during {phase}{_slowest(phases)}"
         elif (out / "fatal.txt").exists():
             run.fatal = (out / "fatal.txt").read_text().strip()
-        elif code != 0 or phase != "finished":
+        elif not lost_after_last and (code != 0 or phase != "finished"):
             # status 0 without the worker's "finished": the target ended the process itself (os._exit(0))
-            tail = _stderr_tail(stderr_path)
+            tail = _stderr_tail(out / "stderr.txt")
             run.fatal = f"target {_death(code)} during {phase}" + (f" ({tail})" if tail else "")
         else:
-            missing = [name for name in request["checks"] if name not in run.probes]
+            missing = _remaining(out, request)
             if missing:
                 run.fatal = f"the worker finished without a result for {', '.join(missing)}"
         return run
+
+
+def _remaining(out: Path, request: dict) -> list[str]:
+    return [name for name in request["checks"] if not (out / f"{name}.npz").exists()]
+
+
+def _saved(out: Path) -> tuple:
+    """What the workers have saved so far: results and partial results, by name and time."""
+    return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in out.glob("*.npz")))
+
+
+def _slowest(phases: list[tuple[float, str]], count: int = 3) -> str:
+    """' (slowest phases: build 41.2 s, import 3.0 s)': the phases that took the longest, by name over
+    every worker, the last one up to now."""
+    if not phases:
+        return ""
+    took: dict[str, float] = {}
+    ends = [t for t, _ in phases[1:]] + [time.monotonic()]
+    for (begin, name), end in zip(phases, ends):
+        took[name] = took.get(name, 0.0) + max(0.0, end - begin)
+    top = sorted(took.items(), key=lambda item: -item[1])[:count]
+    return " (slowest phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in top) + ")"
+
+
+def _run_worker(out: Path, tag: str, timeout: float) -> tuple[int | None, bool]:
+    """Start a worker on OUT/request.json and wait up to `timeout` s: (its exit status, whether it timed out)."""
+    if timeout <= 0:
+        return None, True
+    env = dict(os.environ)
+    env[TAG_VAR] = tag
+    # the guardian's pipe: its write end lives only here, so it reads end-of-file when this process ends
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(out / "stderr.txt", "ab") as err:
+            # not PYTHONPATH or `-m` with the working directory first: a random.py there would shadow the
+            # standard library; target.load_factory finds the target from the working directory
+            proc = subprocess.Popen(worker_command(str(out / "request.json"), read_fd),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                    start_new_session=True, pass_fds=(read_fd,))
+            os.close(read_fd)
+            read_fd = -1
+            try:
+                return proc.wait(timeout=timeout), False
+            except subprocess.TimeoutExpired:
+                return None, True
+            finally:
+                # always, the target's processes go: on a timeout, on Ctrl-C or SIGTERM, and after a clean
+                # exit too (children it forked, setsid() or not, must not outlive the validation)
+                cleanup(proc.pid, tag)
+                proc.wait()
+    finally:
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)

@@ -151,7 +151,29 @@ def build(factory, vocab: int, dim: int, dtype: str, device: str, seed: int):
                               "nor get_input_embeddings/get_output_embeddings")
     if not isinstance(module, torch.nn.Module):
         raise TargetError(f"the factory returned {type(module).__name__}, not a torch.nn.Module")
+    check_placement(module, device)
     return module
+
+
+def check_placement(module, device: str) -> None:
+    """A module whose parameters or buffers are on another device than the one asked for cannot be run
+    there: on 'meta' they hold no values (every read raises), elsewhere each probe would fail on a device
+    mismatch. One reason at build, not a failure in every check."""
+    elsewhere: dict[str, list[str]] = {}
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        kind = tensor.device.type
+        if kind != device:
+            elsewhere.setdefault(kind, []).append(name)
+    if not elsewhere:
+        return
+    where = "; ".join(f"on the {kind} device ({_some(names)})" for kind, names in elsewhere.items())
+    why = ": meta tensors hold no values" if "meta" in elsewhere else ""
+    raise TargetError(f"the factory's module has tensors {where}, not on {device} as asked{why}")
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def resolve_device(device: str) -> str:

@@ -3,30 +3,62 @@ the validator.
 
 It imports and builds the target, runs one probe per requested check on a freshly built module, and
 writes each probe to OUT/<check>.npz as soon as it is done. Before each phase it appends the phase's
-name to OUT/phases.log, so when the target hangs, aborts or segfaults the validator can say where.
+name, with the time, to OUT/phases.log, so when the target hangs, aborts or segfaults the validator can
+say where and what took the time. After each probe (and each of bad_input's cases) it checks the device's
+context (device.py); when that is lost it saves what it has and exits with LOST_STATUS, and a
+fresh worker on the same OUT runs what has no result yet.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import NoReturn
 
 from ..threads import policy_threads, set_torch_threads
+from .device import LOST_STATUS, ContextLost, check_context
 from .dtypes import HALF
-from .probes import PROBES, Harness, Probe, TargetFault, describe_exception, gradient_path_breach, save_probe
-from .target import build, load_factory, resolve_device
+from .probes import (PROBES, Harness, Probe, TargetFault, describe_exception, gradient_path_breach, load_probe,
+                     save_probe)
+from .target import TargetError, build, load_factory, resolve_device
+
+# probes that take the cases an earlier worker ran (done=) and report each case (after_case=): bad_input's
+# out-of-range ids are what loses a CUDA context, and the cases after the one that lost it still count
+RESUMABLE = ("bad_input",)
 
 
 class PhaseLog:
+    """OUT/phases.log: one line per phase, `<time.monotonic()> <phase>` (the clock is the machine's, so the
+    validator times every worker's phases on it)."""
+
     def __init__(self, path: Path):
         self.file = open(path, "a", buffering=1)
 
     def __call__(self, phase: str) -> None:
-        self.file.write(phase + "\n")
+        self.file.write(f"{time.monotonic():.3f} {phase}\n")
         self.file.flush()
+
+
+def read_phases(path: Path) -> list[tuple[float, str]]:
+    """(start time, phase) of each line of a phases.log, oldest first; [] when there is none."""
+    if not path.exists():
+        return []
+    phases = []
+    for line in path.read_text().splitlines():
+        stamp, _, phase = line.partition(" ")
+        try:
+            phases.append((float(stamp), phase))
+        except ValueError:  # a line cut short by a kill
+            continue
+    return phases
+
+
+def last_phase(path: Path, default: str) -> str:
+    phases = read_phases(path)
+    return phases[-1][1] if phases else default
 
 
 def collect(factory, request: dict, out: Path, log) -> None:
@@ -38,12 +70,12 @@ def collect(factory, request: dict, out: Path, log) -> None:
         # torch's thread pool spins against numpy's and other processes' on shared cores: the thread
         # policy's count (one unless the parent's --threads chose more, inherited through the environment)
         set_torch_threads(request.get("threads") or policy_threads())
-    device = resolve_device(request["device"])
+    device_name = resolve_device(request["device"])
     V, D, dtype, seed = request["vocab"], request["dim"], request["dtype"], request["seed"]
 
     def harness(dt=dtype, sd=seed):
-        module = build(factory, V, D, dt, device, sd)
-        return Harness(module, V, D, getattr(torch, dt), device, sd)
+        module = build(factory, V, D, dt, device_name, sd)
+        return Harness(module, V, D, getattr(torch, dt), device_name, sd)
 
     def widest(half_only=False):
         """The same target in float64 (finite differences, shadow) for a narrower dtype under test; None
@@ -57,15 +89,44 @@ def collect(factory, request: dict, out: Path, log) -> None:
 
     log("build")
     harness()  # a target that cannot be built at all is exit 2, not nine failed checks
+    try:
+        check_context(device_name, "build")
+    except ContextLost as lost:
+        raise TargetError(f"building the target lost the {device_name} device's context: {lost.reason}") from None
     for name in request["checks"]:
+        if (out / f"{name}.npz").exists():
+            continue  # an earlier worker ran it before its device context was lost
         log(f"check {name}")
         try:
             h = harness()
-            probe = PROBES[name](h, **probe_arguments(name, request, harness, widest))
+            arguments = probe_arguments(name, request, harness, widest)
+            if name in RESUMABLE:
+                arguments.update(resume_arguments(name, out, device_name))
+            probe = PROBES[name](h, **arguments)
+        except ContextLost:
+            raise
         except Exception as exc:
             probe = Probe(facts=blame(exc, harness))
         save_probe(out / f"{name}.npz", probe)
+        (out / f"{name}.partial.npz").unlink(missing_ok=True)
         log(f"done {name}")
+        check_context(device_name, f"check {name}")
+
+
+def resume_arguments(name: str, out: Path, device_name: str) -> dict:
+    """done=: the cases of check `name` that an earlier worker saved; after_case=: after each case, the
+    device's context is checked, and on a loss the cases so far are saved for the next worker."""
+    partial = out / f"{name}.partial.npz"
+
+    def after_case(probe: Probe) -> None:
+        case = next(reversed(probe.facts.get("cases", {})), "")
+        try:
+            check_context(device_name, f"check {name}, case {case}")
+        except ContextLost:
+            save_probe(partial, probe)
+            raise
+
+    return {"done": load_probe(partial) if partial.exists() else None, "after_case": after_case}
 
 
 def probe_arguments(name: str, request: dict, harness, widest) -> dict:
@@ -155,8 +216,11 @@ def main(request_path: str) -> int:
         return 3
     try:
         collect(factory, request, out, log)
+    except ContextLost as lost:
+        (out / "lost.txt").write_text(str(lost))
+        return LOST_STATUS
     except BaseException as exc:
-        phase = (out / "phases.log").read_text().split("\n")[-2]
+        phase = last_phase(out / "phases.log", "import")
         (out / "fatal.txt").write_text(f"target failed during {phase}: {describe_exception(exc)}")
         return 3
     log("finished")
