@@ -114,7 +114,11 @@ def test_a_planted_wrong_backward_fails_the_gradients_check_at_the_default_size(
     if only_half:  # the float64 build is right: the per-parameter comparison is what sees it
         assert failed and all(" gradient of " in s for s in failed), failed
     else:
-        assert failed == ["autograd vs finite differences (float32)"], failed
+        # the wrong gradient named by its parameter and its map: the memory's through the head when the
+        # head's term is dropped; every gradient when all are scaled
+        named = {"missing_term": ["gradient of Z through logits"],
+                 "scaled": [f"gradient of {p} through {m}" for p in ("Z", "L_raw") for m in ("embed", "logits")]}
+        assert failed == ["autograd vs finite differences (float32)", *named[bug]], failed
 
 
 def test_a_bfloat16_parameter_in_the_float64_build_limits_the_finite_differences():
@@ -478,3 +482,13 @@ def test_a_float8_copy_of_the_memory_that_the_maps_do_not_read_passes(dtype):
     assert any("neither map reads it" in d.get("reason", "") for d in contract.details)
     broken = run_zoo("broken_fp8_storage", dtype, checks=["contract"])
     assert broken.failed() == ["contract"] and "Z8" in broken.by_name()["contract"].reason
+
+
+def test_a_wrong_backward_of_the_embedding_is_named_by_map_and_parameter():
+    # broken_backward's hand-written solve backward transposes T^-1: the embedding's gradients into both Z
+    # and L are wrong, the head's are right
+    check = run_zoo("broken_backward", "float32", checks=["gradients"]).by_name()["gradients"]
+    failed = {d["state"] for d in check.details if d["verdict"] == "fail"}
+    assert {"gradient of Z through embed", "gradient of L_raw through embed"} <= failed, failed
+    assert not any("through logits" in s for s in failed), failed
+    assert "gradient of Z through embed" in check.reason

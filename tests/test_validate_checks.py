@@ -17,6 +17,7 @@ import pytest
 from pitcheck import reference
 from pitcheck.validate import TAU, checks
 from pitcheck.validate.checks import Context, Verdicts
+from pitcheck.validate import probes
 from pitcheck.validate.probes import Probe
 from tests.helpers import pit_pair
 
@@ -1631,3 +1632,26 @@ def test_a_float64_build_with_no_memory_to_take_back_may_carry_storage_rounding_
         result = verdict("trajectory", with_shadow(probe, {"step 40": (E, W * 1.01)}), BF16W)
         assert result.verdict == "inconclusive" and words in result.reason, result.reason
         assert ("a defect of the code" in result.reason) == bool(tall)
+
+
+def test_conditioning_states_are_labelled_by_the_cond_they_reached():
+    import importlib
+
+    import torch
+
+    from pitcheck.validate.target import build
+
+    base = importlib.import_module("tests.zoo._base")
+
+    def frozen_t(V_, D_, **kw):  # T cannot move: no T-side parameter for the drive
+        module = base.LLtPIT(V_, D_, **kw)
+        module.L_raw.requires_grad_(False)
+        return module
+
+    for factory, reachable in ((base.LLtPIT, True), (frozen_t, False)):
+        module = build(factory, 128, 8, "float64", "cpu", 0)
+        harness = probes.Harness(module, 128, 8, torch.float64, "cpu", 0)
+        probe = probes.probe_conditioning(harness, conds=[1e2])
+        state = probe.facts["states"][0]
+        assert state["label"] == f"cond(T) {state['cond_reached']:.3g} (driven toward 1e+02)"
+        assert (abs(state["cond_reached"] - 100) < 10) == reachable, state

@@ -421,6 +421,15 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
     limit = f["fd_dtype"] if theory >= noise else f"the differences' measured noise ({noise:.2g})"
     v.ratio(f"autograd vs finite differences ({f['fd_dtype']})", abs(ad - fd) / scale, fd_unit,
             "directional derivative error", precision=limit, autograd=ad, finite_difference=fd, fd_noise=noise)
+    for c in f.get("components", []):
+        # the same comparison for one map's term along one parameter's block: which gradient is wrong
+        c_scale = max(abs(c["autograd"]), abs(c["finite_difference"]), 1e-300)
+        c_noise = abs(c["fd_at_step"] - c["fd_at_half_step"]) / c_scale
+        c_theory = u_fd ** (2.0 / 3.0) * max(c["loss_scale"], abs(c["autograd"])) / c_scale
+        v.ratio(f"gradient of {c['parameter']} through {c['map']}", abs(c["autograd"] - c["finite_difference"]) / c_scale,
+                max(c_theory, c_noise), "directional derivative error",
+                precision=f["fd_dtype"] if c_theory >= c_noise else f"the differences' measured noise ({c_noise:.2g})",
+                autograd=c["autograd"], finite_difference=c["finite_difference"], fd_noise=c_noise)
     if "autograd_under_test" in f:
         test = f["autograd_under_test"]
         reference = f["reference_dtype"]

@@ -453,7 +453,7 @@ def probe_penrose(h: Harness, generic_cond: float = 10.0, shadow=None, **_) -> P
     if shadow is not None:
         add_shadow_maps(out, "own steps", shadow)
     reached = h.drive_spectrum(generic_cond)
-    out.add_state(f"cond {generic_cond:g}", *h.maps(), cond_target=generic_cond, cond_reached=reached)
+    out.add_state(reached_label(reached, generic_cond), *h.maps(), cond_target=generic_cond, cond_reached=reached)
     return out
 
 
@@ -461,7 +461,7 @@ def probe_reference(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
     out = Probe()
     out.add_state("init", *h.maps())
     reached = h.generic_state(generic_cond)
-    out.add_state(f"cond {generic_cond:g}", *h.maps(), cond_reached=reached)
+    out.add_state(reached_label(reached, generic_cond), *h.maps(), cond_reached=reached)
     # the maps as the module applies them to batches: gathers and a batched head
     torch = h.torch
     ids = torch.randint(0, h.vocab, (64,), generator=h.generator).to(h.device)
@@ -481,6 +481,12 @@ def probe_reference(h: Harness, generic_cond: float = 10.0, **_) -> Probe:
     return out
 
 
+def reached_label(reached: float, target: float) -> str:
+    """A state's label by the cond(T) it reached, the drive's target beside it: a module whose T cannot be
+    driven is not reported at a conditioning it never had."""
+    return f"cond(T) {reached:.3g} (driven toward {target:.0e})"
+
+
 def probe_conditioning(h: Harness, conds=(), **_) -> Probe:
     """States of rising cond(T) reached through the module's parameters; then zeroed T-side parameters
     (weight decay's limit), which a positive-definite parametrisation survives."""
@@ -488,7 +494,7 @@ def probe_conditioning(h: Harness, conds=(), **_) -> Probe:
     snapshot = {k: v.detach().clone() for k, v in h.module.state_dict().items()}
     for cond in conds:
         reached = h.drive_spectrum(cond)
-        out.add_state(f"cond {cond:.0e}", *h.maps(), cond_target=cond, cond_reached=reached)
+        out.add_state(reached_label(reached, cond), *h.maps(), cond_target=cond, cond_reached=reached)
     h.module.load_state_dict(snapshot)
     t_side = {id(p) for p in h.t_side_parameters()}
     attacks = [name for name, p in h.module.named_parameters() if id(p) in t_side]
@@ -575,6 +581,8 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
     out.facts.update({"autograd": ad, "finite_difference": fd_value, "fd_at_step": fd[steps[1]],
                       "fd_at_half_step": fd[steps[0]], "fd_step": steps[1]})
     out.facts["loss_scale"] = float(abs(loss_of(work)().detach()))
+    out.facts["components"] = gradient_components(work, params, direction, parts_of(work, ids, hid, r_in, r_out),
+                                                  steps)
     if fd_harness is not None:
         # the target in the dtype under test, at the same state, against the widest build's autograd
         h.module.load_state_dict(work.module.state_dict())
@@ -603,6 +611,50 @@ def probe_gradients(h: Harness, fd_harness=None, generic_cond: float = 10.0, **_
                 e_wide = work.embed(ids.to(work.device)).to(torch.float64).cpu()
             out.facts["state_transfer_error"] = float((e_test - e_wide).norm() / max(float(e_wide.norm()), 1e-300))
     return out
+
+
+def parts_of(hh: Harness, ids, hid, r_in, r_out):
+    """The gradients probe's loss split by map: (embed's term, logits' term), as float64 scalars."""
+    torch = hh.torch
+
+    def parts():
+        e = hh.embed(ids.to(hh.device)).to(torch.float64)
+        lg = hh.logits(hid.to(hh.device, hh.dtype)).to(torch.float64)
+        return {"embed": (e * r_in.to(e.device)).sum(), "logits": (lg * r_out.to(lg.device)).sum()}
+    return parts
+
+
+def gradient_components(h: Harness, params: list, direction: list, parts, steps: list) -> list:
+    """The directional derivative of each map's term along each parameter's block of `direction`, by
+    autograd and by central differences at `steps` (checks.check_gradients judges each): a wrong backward
+    named by its parameter and its map. Parameter blocks are shifted one at a time, both maps read at once."""
+    torch = h.torch
+    names = {id(p): n for n, p in h.module.named_parameters()}
+    maps = list(parts())
+    autograd = {m: _gradients(h, lambda m=m: parts()[m]) for m in maps}
+    snapshot = {k: v.detach().clone() for k, v in h.module.state_dict().items()}
+    rows = []
+    for k, p in enumerate(params):
+        block = [d if i == k else torch.zeros_like(d) for i, d in enumerate(direction)]
+        fd = {}
+        for step in steps:
+            with torch.no_grad():
+                _shift(h, block, step)
+                plus = {m: float(v) for m, v in parts().items()}
+                h.module.load_state_dict(snapshot)
+                _shift(h, block, -step)
+                minus = {m: float(v) for m, v in parts().items()}
+                h.module.load_state_dict(snapshot)
+            fd[step] = {m: (plus[m] - minus[m]) / (2 * step) for m in maps}
+        with torch.no_grad():
+            values = {m: float(abs(v)) for m, v in parts().items()}
+        small, big = sorted(steps)
+        for m in maps:
+            rows.append({"parameter": names.get(id(p), f"parameter {k}"), "map": m,
+                         "autograd": h.dot([p], [autograd[m][k]], [direction[k]]),
+                         "finite_difference": (4 * fd[small][m] - fd[big][m]) / 3,
+                         "fd_at_step": fd[big][m], "fd_at_half_step": fd[small][m], "loss_scale": values[m]})
+    return rows
 
 
 def adversary_loss(h: Harness, step: int, rng: np.random.Generator, params: AdversaryParams = AdversaryParams()):
