@@ -184,3 +184,19 @@ def test_a_summary_written_before_breakdowns_had_causes_reads_as_it_was_judged(t
     (r,) = sw.read_summary(tmp_path / "summary.csv")
     assert (r["breakdowns_own"], r["not_judged"]) == (2, 1)
     assert sw.own_breakdowns(r) == 2 and not sw.judgeable(r)
+
+
+@pytest.mark.parametrize("blown", [True, False])
+def test_steps_a_retraction_failed_count_against_it_unless_T_blew_up_whichever_the_retraction(study, blown):
+    """The fp16-mixed finding: polar-gram and polar-ns failed steps from the step where T blew up under every
+    retraction; those follow from T. The same failures where T stayed resolvable are the retraction's."""
+    out, grid = study
+    for ret in RETRACTIONS:
+        set_cond_T(out, grid, ret, 1e30 if blown else 10.0)
+    d = _cell(out, grid, "cholqr2")
+    failed = [{"step": 30 + k, "event": "retraction_failed", "action": "step skipped"} for k in range(3)]
+    (d / "events.jsonl").write_bytes(events_bytes(read_events(d / "events.jsonl") + failed))
+    rows, v = judged(out, grid)
+    assert rows["cholqr2"]["failed_retractions"] == 3
+    assert rows["cholqr2"]["failed_retractions_judged"] == (0 if blown else 3)
+    assert [u["retraction"] for u in v["unsafe"]] == ([] if blown else ["cholqr2"])

@@ -133,7 +133,8 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "nor against it, and neither is a row where T blew up (T or L broke down, or cond(T) u passed "
         f"{RESOLVABLE_COND_U:g}) under every retraction of the same precision, gradient model and seed, even "
         "where the run did not end: these are listed under \"not judged\" (T blew up whichever the retraction). "
-        "A retraction's own failures (its Z breakdowns, steps it failed) count in every row.",
+        "A retraction's own failures (its Z breakdowns, and the steps it failed in the runs that judge it) count "
+        "in every row.",
         "",
         *verdict_lines(rows),
         "",
@@ -151,7 +152,7 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "= the model's optimizer step alone (retraction included, no shadow or metrics), median of "
         f"{COST_STEPS} steps, measured in the worker while the others ran; events = skipped steps, overflows, "
         "failed retractions (threshold crossings not counted); failed retr. = steps the retraction could not "
-        "take (skipped), which makes it unsafe; breakdowns = runs that ended early (T/L: T or its factor L broke; "
+        "take (skipped), which makes it unsafe unless its run judges nothing of it (not judged); breakdowns = runs that ended early (T/L: T or its factor L broke; "
         "own: Z broke while T was resolvable and not under every retraction, the only ones counted against the "
         "retraction); not judged = seeds whose run judges nothing of its retraction (it ended in a breakdown not "
         "its own, or T blew up under every retraction of its precision, gradient model and seed).",

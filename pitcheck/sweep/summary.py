@@ -29,7 +29,7 @@ SUMMARY_COLUMNS = KEY_COLUMNS + [
     "final_orthonormality", "final_orthonormality_min", "final_orthonormality_max", "max_orthonormality",
     "growth_exponent", "growth_exponent_err", "final_pinv_drift", "drift_bound", "max_cond_T", "shadow_Z",
     "floor", "error_over_floor", "events", "failed_retractions", "breakdowns", "breakdowns_T", "breakdowns_own",
-    "not_judged",
+    "not_judged", "failed_retractions_judged",
 ]
 # cost.csv: measured times, which no rerun repeats (median over seeds; min and max beside it)
 COST_COLUMNS = KEY_COLUMNS + ["ms_per_step", "ms_per_step_min", "ms_per_step_max", "hosts"]
@@ -151,7 +151,7 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
         runs = [metrics[c.name] for c in members]
         evs = [e for c in members for e in events[c.name]]
         counted = sum(1 for e in evs if e["event"] not in ("threshold_crossed", "breakdown"))
-        failed = sum(1 for e in evs if e["event"] == "retraction_failed")
+        failed = {c.name: sum(1 for e in events[c.name] if e["event"] == EventKind.RETRACTION_FAILED) for c in members}
         cause = [judged[c.name][0] for c in members]
         costs, hosts = [], set()
         for c in members:
@@ -185,7 +185,9 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
             "ms_per_step_min": min(costs, default=float("nan")), "ms_per_step_max": max(costs, default=float("nan")),
             "hosts": " ".join(sorted(h for h in hosts if h)),
             "floor": floors[key],
-            "events": counted, "failed_retractions": failed, "breakdowns": sum(x is not None for x in cause),
+            "events": counted, "failed_retractions": sum(failed.values()),
+            "failed_retractions_judged": sum(n for name, n in failed.items() if not judged[name][1]),
+            "breakdowns": sum(x is not None for x in cause),
             "breakdowns_T": cause.count(CAUSE_T), "breakdowns_own": cause.count(CAUSE_OWN),
             "not_judged": sum(judged[c.name][1] for c in members),
         }
@@ -218,7 +220,7 @@ def _read_rows(path: Path) -> list[dict]:
             if k in ("retraction", "precision", "adversary", "optimizer", "head", "hosts"):
                 row[k] = v
             elif k in ("vocab", "dim", "shards", "steps", "seeds", "events", "failed_retractions", "breakdowns",
-                       "breakdowns_T", "breakdowns_own", "not_judged"):
+                       "breakdowns_T", "breakdowns_own", "not_judged", "failed_retractions_judged"):
                 row[k] = int(v)
             else:
                 row[k] = float(v) if v else float("nan")
@@ -228,6 +230,8 @@ def _read_rows(path: Path) -> list[dict]:
             # as it was judged then
             row.setdefault("breakdowns_own", row["breakdowns"] - row.get("breakdowns_T", 0))
             row.setdefault("not_judged", row.get("breakdowns_T", 0))
+        if "failed_retractions" in row:
+            row.setdefault("failed_retractions_judged", row["failed_retractions"])
         rows.append(row)
     return rows
 

@@ -45,14 +45,15 @@ def judgeable(row: dict) -> bool:
 
 
 def judge(row: dict) -> tuple[bool, str]:
-    """(unsafe, why) for one summary row: the retraction's own failures always count; the error's growth
-    only in a row that can judge it (judgeable)."""
+    """(unsafe, why) for one summary row: the retraction's own failures (its Z breakdowns; steps it failed in
+    the runs that judge it) always count; the error's growth only in a row that can judge it (judgeable)."""
     reasons = []
     own = own_breakdowns(row)
     if own:
         reasons.append(f"Z broke down in {own} of {row['seeds']} seeds")
-    if row.get("failed_retractions"):
-        reasons.append(f"the retraction failed in {row['failed_retractions']} steps (skipped)")
+    failed = row.get("failed_retractions_judged", row.get("failed_retractions", 0))
+    if failed:
+        reasons.append(f"the retraction failed in {failed} steps (skipped)")
     if judgeable(row):
         g = row["growth_exponent"]
         if math.isfinite(g) and g >= BOUNDED_GROWTH:
@@ -83,7 +84,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
 
     A retraction is unsafe in a precision when, in any row of that precision (adversary, head, shape...),
     it failed by itself (summary.breakdown_cause: Z broke down while T was resolvable and not under every
-    retraction; or the retraction failed steps) or, in a row that can judge it, its error grows (growth
+    retraction; or the retraction failed steps in a run that judges it) or, in a row that can judge it, its error grows (growth
     exponent >= BOUNDED_GROWTH). A row where a seed's run is no judgement of the retraction (it ended in a
     breakdown not its own, or T blew up under every retraction: summary.judge_cells) is not judged (listed in
     "not_judged"), neither for nor against it. A retraction is inconclusive, never
