@@ -22,7 +22,7 @@ import numpy as np
 import scipy.linalg
 
 from .arrays import householder_qr
-from .retractions import QR_BY_SOLVE_MIN_ELEMENTS, _plain_torch, _sum_products, retract_qr
+from .retractions import QR_BY_SOLVE_MIN_ELEMENTS, CheckedMap, _plain_torch, _sum_products, retract_qr
 
 
 # torch's CPU bmm/baddbmm compute a product of fewer multiply-adds than this (rows x inner x columns) by a
@@ -191,6 +191,13 @@ def _none_failed(Z) -> np.ndarray:
     return np.zeros(Z.shape[0], dtype=bool)
 
 
+def stacked_form(name: str):
+    """A stacked form behind check_point's refusal of a shape with no orthonormal point, as every registered
+    one-matrix map is (retractions.CheckedMap), under its own module name too."""
+    return lambda fn: CheckedMap(name, fn, stacked=True)
+
+
+@stacked_form("qr")
 def stacked_qr(Z, xi, ops: StackedOps):
     if Z.shape[-2] * Z.shape[-1] >= QR_BY_SOLVE_MIN_ELEMENTS:  # retract_qr may form Q by a solve there
         stack = ops.torch.stack if ops.torch else np.stack
@@ -204,6 +211,7 @@ def _chol_gram(Y, ops: StackedOps):
     return ops.cholesky(_sym(ops.matmul(ops.t(Y), Y), ops))
 
 
+@stacked_form("cholqr")
 def stacked_cholqr(Z, xi, ops: StackedOps):
     Y = Z + xi
     C, failed = _chol_gram(Y, ops)
@@ -218,6 +226,7 @@ def _upper_inverse_right(Y, C, ops: StackedOps):
     return ops.contiguous(ops.matmul(Y, ops.t(Cinv)))
 
 
+@stacked_form("cholqr2")
 def stacked_cholqr2(Z, xi, ops: StackedOps):
     Y = Z + xi
     C, failed = _chol_gram(Y, ops)
@@ -241,11 +250,13 @@ def _replace_failed(C, failed, ops: StackedOps):
     return out
 
 
+@stacked_form("polar")
 def stacked_polar(Z, xi, ops: StackedOps):
     U, _, Vt = ops.svd(Z + xi)
     return ops.matmul(U, Vt), _none_failed(Z)
 
 
+@stacked_form("polar-gram")
 def stacked_polar_gram(Z, xi, ops: StackedOps):
     Y = Z + xi
     gram = _sym(ops.matmul(ops.t(Y), Y), ops)
@@ -262,6 +273,7 @@ def stacked_polar_gram(Z, xi, ops: StackedOps):
         return ops.matmul(Y, ops.matmul(Q / ops.sqrt(w)[..., None, :], ops.t(Q))), failed
 
 
+@stacked_form("cayley")
 def stacked_cayley(Z, xi, ops: StackedOps):
     mm, t = ops.matmul, ops.t
     G, A, X = mm(t(Z), Z), mm(t(Z), xi), mm(t(xi), xi)
@@ -276,6 +288,7 @@ def stacked_cayley(Z, xi, ops: StackedOps):
     return ops.add_products(Z, [(xi, K1), (Z, K2 - 0.5 * mm(A, K1))]), failed
 
 
+@stacked_form("cayley-iter")
 def stacked_cayley_iter(Z, xi, ops: StackedOps, iterations: int = 2):
     mm, t = ops.matmul, ops.t
     g = xi - 0.5 * mm(Z, mm(t(Z), xi))
@@ -294,6 +307,7 @@ def _take(x, index: np.ndarray, ops: StackedOps):
     return x[ops.torch.from_numpy(index).to(x.device)] if ops.torch else x[index]
 
 
+@stacked_form("polar-ns")
 def stacked_polar_ns(Z, xi, ops: StackedOps, max_iter: int = 50):
     """retract_polar_ns per matrix: each matrix iterates until its own ||Y^T Y - I||_F stops halving, and
     only the still-active matrices are stepped (a stopped one keeps its Y as its loop returns it). `failed`:

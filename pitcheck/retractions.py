@@ -6,6 +6,7 @@ applied in low-rank form and never build the V x V skew matrix.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,13 +46,65 @@ class RetractionError(PitcheckError):
     """A retraction could not produce a point (breakdown, no convergence); recorded as an event."""
 
 
+def check_point(name: str, Z, xi, stacked: bool = False) -> None:
+    """Z a V x D array with V >= D (stacked: B x V x D), xi of Z's shape; a PitcheckError naming the shape
+    otherwise. With more columns than rows no matrix has orthonormal columns, and the maps would return
+    something silently off the manifold. Reads shapes only: nothing added to a step's O(V D^2)."""
+    shape = getattr(Z, "shape", None)
+    rank = 3 if stacked else 2
+    if shape is None or len(shape) != rank:
+        got = f"a {' x '.join(map(str, shape))} array" if shape is not None else type(Z).__name__
+        raise PitcheckError(f"{name}: Z must be a {'B x ' if stacked else ''}V x D array, got {got}")
+    V, D = shape[-2], shape[-1]
+    if V < D:
+        raise PitcheckError(f"{name}: Z is {V} x {D}, more columns than rows: no V x D matrix has orthonormal "
+                            "columns (need V >= D)")
+    xi_shape = getattr(xi, "shape", None)
+    if xi_shape is not None and len(xi_shape) and tuple(xi_shape) != tuple(shape):
+        raise PitcheckError(f"{name}: xi is {' x '.join(map(str, xi_shape))}, Z {' x '.join(map(str, shape))}: "
+                            "a step has Z's shape")
+
+
+class CheckedMap:
+    """A map behind check_point, once for every registered retraction (and stacked form) rather than in each.
+    Its __defaults__ are the map's own, read and set through: a test plants a bug by setting them."""
+
+    def __init__(self, name: str, fn: Callable, stacked: bool = False):
+        functools.update_wrapper(self, fn)
+        self.name, self.fn, self.stacked = name, fn, stacked
+
+    def __call__(self, Z, xi, *args, **kwargs):
+        check_point(self.name, Z, xi, self.stacked)
+        return self.fn(Z, xi, *args, **kwargs)
+
+    @property
+    def __defaults__(self):
+        return self.fn.__defaults__
+
+    @__defaults__.setter
+    def __defaults__(self, value):
+        self.fn.__defaults__ = value
+
+    def __reduce__(self):  # by name, as a function pickles (its module attribute is this wrapper)
+        return _registered_map, (self.name, self.stacked)
+
+
+def _registered_map(name: str, stacked: bool):
+    if stacked:
+        from .batched_retractions import STACKED_RETRACTIONS  # deferred: that module imports this one
+
+        return STACKED_RETRACTIONS[name]
+    return RETRACTIONS[name]
+
+
 def register(name: str, colour: str, marker: str, table_order: int, approximate: str | None = None):
     def deco(fn):
-        RECORDS[name] = Retraction(name, fn, PlotStyle(colour, marker), table_order, approximate)
-        RETRACTIONS[name] = fn
+        checked = CheckedMap(name, fn)
+        RECORDS[name] = Retraction(name, checked, PlotStyle(colour, marker), table_order, approximate)
+        RETRACTIONS[name] = checked
         if approximate is not None:
             APPROXIMATE[name] = approximate
-        return fn
+        return checked
 
     return deco
 
