@@ -1655,3 +1655,129 @@ def test_conditioning_states_are_labelled_by_the_cond_they_reached():
         state = probe.facts["states"][0]
         assert state["label"] == f"cond(T) {state['cond_reached']:.3g} (driven toward 1e+02)"
         assert (abs(state["cond_reached"] - 100) < 10) == reachable, state
+
+
+# ---- the retraction's metric, gradients by parameter and map, Z measured itself, narrow reads (judging) ----
+
+def _in_span_probe(Y):
+    """A retraction probe whose move has an in-span part: X = Z + t (xi_normal + Z Omega)."""
+    Z = _orthonormal(V, D, 0)
+    A = np.random.default_rng(3).standard_normal((D, D))
+    omega = 0.5 * (A - A.T)
+    G = np.random.default_rng(2).standard_normal((V, D))
+    xi = G - Z @ (Z.T @ G) + Z @ omega
+    xi *= math.sqrt(D) / np.linalg.norm(xi)
+    return retraction_probe(X=lambda t, z: z + t * xi, Y=lambda t, x: Y(Z, x))
+
+
+@pytest.mark.parametrize("metric,Y,passes", [
+    ("embedded", lambda Z, x: _polar(x), True),
+    # the canonical metric's move doubles the in-span part: x - Z (x - Z)^T Z, then onto the manifold
+    ("canonical", lambda Z, x: _polar(x - Z @ ((x - Z).T @ Z)), True),
+    # tripled: neither metric's
+    (None, lambda Z, x: _polar(x - 2 * Z @ ((x - Z).T @ Z)), False)])
+def test_retraction_first_order_is_judged_against_each_metric(metric, Y, passes):
+    r = checks.check_retraction(_in_span_probe(Y), FP64)
+    row = retraction_row(r, "first order", "order")[0]
+    assert row["metric"] == metric
+    if passes:
+        assert r.verdict == "pass" and f"for the {metric} metric" in row["reason"]
+        assert 1.95 < row[f"order_{metric}"] < 2.05 and 1.95 < row["raw"] < 2.05
+        other = "canonical" if metric == "embedded" else "embedded"
+        assert row[f"order_{other}"] < 1.1
+        # the worst ratio is the found metric's residual in units of t^2, not the other's O(t) one
+        assert r.value == pytest.approx(row["residuals"][0] / STEPS[0] ** 2, rel=1e-12) and r.value < 2
+        assert retraction_row(r, f"t = {STEPS[0]:g}", "||post_step")[0]["measure"].endswith(f"({metric} metric)")
+    else:
+        assert r.verdict == "fail" and "a retraction for neither metric" in r.reason
+        assert "scales as t^1" in r.reason and "as t^1 against the canonical" in r.reason
+
+
+def test_retraction_a_residual_below_rounding_fits_no_order_for_that_metric():
+    # a move with no in-span part: the canonical metric's move equals the embedded one, and a no-op at the
+    # small step leaves the embedded residual exactly 0 and the canonical one at rounding level
+    r = checks.check_retraction(retraction_probe(Y=lambda t, x: x.copy() if t == STEPS[1] else _polar(x)), FP32)
+    row = retraction_row(r, "first order", "order")[0]
+    assert math.isnan(row["order_embedded"]) and math.isnan(row["order_canonical"]) and row["metric"] is None
+
+
+def test_gradients_components_name_the_parameter_and_the_map():
+    good = {"autograd": 2.0, "finite_difference": 2.0, "fd_at_step": 2.0, "fd_at_half_step": 2.0, "loss_scale": 3.0}
+    bad = {**good, "autograd": 2.2}  # 10 %: far above u^(2/3)
+    components = [{"parameter": "Z", "map": "embed", **good}, {"parameter": "Z", "map": "logits", **bad},
+                  {"parameter": "L", "map": "embed", **good}, {"parameter": "L", "map": "logits", **good}]
+    total = dict(autograd=8.2, finite_difference=8.0, fd_at_step=8.0, fd_at_half_step=8.0)
+    r = checks.check_gradients(grad_probe(**total, components=components), FP32)
+    failed = [d["state"] for d in r.details if d["verdict"] == "fail"]
+    assert failed == ["autograd vs finite differences (float32)", "gradient of Z through logits"]
+    assert "gradient of Z through logits: directional derivative error 0.0909" in r.reason
+    row = rows_of(r, "gradient of Z through logits")[0]
+    assert row["ratio"] == pytest.approx((0.2 / 2.2) / (U32 ** (2 / 3) * 3.0 / 2.2), rel=1e-9)
+    # a component's unit is its own measured noise where that is larger, and its own loss scale sets theory
+    noisy = {**good, "autograd": 2.02, "fd_at_half_step": 2.005}
+    r = checks.check_gradients(grad_probe(autograd=2.0, finite_difference=2.0, fd_at_step=2.0, fd_at_half_step=2.0,
+                                          components=[{"parameter": "Z", "map": "embed", **noisy}]), FP32)
+    row = rows_of(r, "gradient of Z through embed")[0]
+    assert row["fd_noise"] == pytest.approx(0.005 / 2.02, rel=1e-9) and row["ratio"] == pytest.approx(4.0)
+    assert r.verdict == "pass"
+    # noise too large to resolve anything: inconclusive, naming the noise
+    r = checks.check_gradients(grad_probe(autograd=2.0, finite_difference=2.0, fd_at_step=2.0, fd_at_half_step=2.0,
+                                          components=[{"parameter": "Z", "map": "embed", **good,
+                                                       "fd_at_half_step": 2.1}]), FP32)
+    assert r.verdict == "inconclusive" and "gradient of Z through embed: the differences' measured noise" in r.reason
+    big_scale = {**good, "loss_scale": 3e6, "autograd": 2.0 + 1e-3}
+    r = checks.check_gradients(grad_probe(autograd=2.0, finite_difference=2.0, fd_at_step=2.0, fd_at_half_step=2.0,
+                                          components=[{"parameter": "Z", "map": "embed", **big_scale}]), FP32)
+    row = rows_of(r, "gradient of Z through embed")[0]
+    scale = 2.0 + 1e-3
+    assert row["ratio"] == pytest.approx((1e-3 / scale) / (U32 ** (2 / 3) * 3e6 / scale), rel=1e-9)
+
+
+def _trajectory_with_memory(gap_steps, memory=None, name="Z"):
+    """Exact maps at cond 1 beside a memory measured at each state (its gap from the manifold)."""
+    Z, L = pit_pair(VW, D, 1.0, 0)
+    E, W = reference.embedding_matrix(Z, L), reference.head_matrix(Z, L)
+    E2, W2 = rounded_maps(cond=1.0, seed=1, dtype="float64")
+    p = probe_of(("step 0", (E, W), {"memory_orthonormality": gap_steps[0]}),
+                 ("step 40", (E2, W2), {"memory_orthonormality": gap_steps[1]}), memory=name)
+    p.arrays["memory:step 0"] = Z if memory is None else memory
+    return p
+
+
+def test_trajectory_measures_the_memory_itself_where_it_is_the_maps_memory():
+    ctx = Context("float32", U32, VW, D)
+    r = checks.check_trajectory(_trajectory_with_memory([1e-8, 1e-3]), ctx)
+    assert r.verdict == "fail" and "step 40: memory orthonormality ||Z^T Z - I||_2 of Z 0.001" in r.reason
+    assert "penrose residual (with Z itself 0.001 off the manifold)" in [
+        d["measure"] for d in rows_of(r, "step 40")][0]
+    assert r.verdict == "fail"
+    # the measured gap passes although the maps' own W E would say the same: the memory row carries both
+    r = checks.check_trajectory(_trajectory_with_memory([1e-8, 1e-8]), ctx)
+    assert r.verdict == "pass" and [d for d in r.details if "maps_orthonormality" in d]
+    # a tensor that is not the maps' memory (further than MEMORY_MATCH from it) is not taken as Z
+    far = _orthonormal(VW, D, 5)
+    r = checks.check_trajectory(_trajectory_with_memory([1e-8, 1e-3], memory=far), ctx)
+    assert r.verdict == "pass", r.reason
+    assert all("as the maps show it" in d["measure"] for d in r.details if "orthonormality" in d.get("measure", ""))
+    # within MEMORY_MATCH (a relative 0.09 apart): still the memory
+    Z, _ = pit_pair(VW, D, 1.0, 0)
+    near = Z + 0.09 * np.linalg.norm(Z) * far / np.linalg.norm(far)
+    r = checks.check_trajectory(_trajectory_with_memory([1e-8, 1e-3], memory=near), ctx)
+    assert r.verdict == "fail"
+    near = Z + 0.11 * np.linalg.norm(Z) * far / np.linalg.norm(far)
+    assert checks.check_trajectory(_trajectory_with_memory([1e-8, 1e-3], memory=near), ctx).verdict == "pass"
+
+
+@pytest.mark.parametrize("read,verdict", [(False, "pass"), (True, "fail"), (None, "fail")])
+def test_contract_a_narrow_tensor_fails_only_if_the_maps_read_it(read, verdict):
+    tensor = {"name": "z8", "dtype": "float8_e4m3fn", "kind": "buffer"}
+    if read is not None:
+        tensor["read_by_maps"] = read
+    facts = {"embed": {"shape": [2, 3, D], "dtype": "float32"}, "logits": {"shape": [2, 3, V], "dtype": "float32"},
+             "tensors": [tensor]}
+    r = checks.check_contract(probe_of(**facts), FP32)
+    assert r.verdict == verdict
+    if read is False:
+        assert rows_of(r, "z8")[0]["reason"].endswith("neither map reads it (zeroing it changed neither E nor W)")
+    else:
+        assert "buffer z8 is stored in float8_e4m3fn, narrower than float32" in r.reason
