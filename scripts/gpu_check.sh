@@ -7,10 +7,13 @@
 # the GPU against the CPU), validate (pitcheck.nn on CUDA, fp32 and bf16), nccl (sharded runs under NCCL: more
 # ranks than GPUs must be a one-line refusal), compare (the quick grid with its torch cells on CUDA), f8tests
 # (tests/test_native_float8.py, a line per failure), batched (the batched-cell tests, which ran into the GPU
-# before `auto` kept small cells on the CPU). Each section has its own time limit, so one that hangs
+# before `auto` kept small cells on the CPU), zoo (every module of tests/zoo through `pitcheck validate --device
+# cuda` in float32 and bfloat16: correct_* must pass, broken_* fail their check; $OUT/zoo/zoo.md, whose
+# timeouts name their slowest phases). Each section has its own time limit (LIMIT below), so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
 # treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
-# own torch.
+# own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
+# without a GPU, and runs nothing else.
 set -u
 OUT=${OUT:-results/gpu/raw}
 mkdir -p "$OUT"
@@ -18,34 +21,42 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 START=$(date +%s)
 header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
+# each section's time limit in seconds (validate: two runs of half each); a lent machine's call is cut at
+# CALL_LIMIT, so the sections named in one call should sum below it
+declare -A LIMIT=([tests]=120 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
+                  [f8tests]=45 [batched]=170 [zoo]=300)
+CALL_LIMIT=${CALL_LIMIT:-600}
+# zoo: validations at once (each its own process and CUDA context) and each one's own limit
+ZOO_JOBS=${ZOO_JOBS:-8}
+ZOO_TIMEOUT=${ZOO_TIMEOUT:-90}
 PYTEST=(-m pytest -q -p no:cacheprovider -o addopts="" --tb=line -rf)
 
 tests() {
   header "pytest: CUDA tests, the shadow's placement, engine, placements, the NCCL refusal"
-  timeout -k 10 120 $PY "${PYTEST[@]}" tests/test_torch_backend.py tests/test_shadow_device.py \
+  timeout -k 10 ${LIMIT[tests]} $PY "${PYTEST[@]}" tests/test_torch_backend.py tests/test_shadow_device.py \
       tests/test_engine.py tests/test_placement.py tests/test_sharded.py::test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts \
       2>&1 | tail -40
 }
 float8() {
   header "native float8 against the emulation"
-  timeout -k 10 70 $PY scripts/native_float8_check.py --out "$OUT/native_float8.json" | tail -30
+  timeout -k 10 ${LIMIT[float8]} $PY scripts/native_float8_check.py --out "$OUT/native_float8.json" | tail -30
 }
 runs() {
   header "runs on CUDA (8192 x 128, 200 steps, qr, Adam)"
-  timeout -k 10 100 $PY scripts/gpu_runs.py --steps 200 --out "$OUT/runs.json"
+  timeout -k 10 ${LIMIT[runs]} $PY scripts/gpu_runs.py --steps 200 --out "$OUT/runs.json"
 }
 bench() {
   header "retractions and steps in GEMM units"
-  timeout -k 10 110 $PY scripts/gpu_bench.py --out "$OUT/bench.json"
+  timeout -k 10 ${LIMIT[bench]} $PY scripts/gpu_bench.py --out "$OUT/bench.json"
 }
 step() {
   header "a run step at 8192 x 128 fp32 qr Adam: the shadow on the GPU, on the CPU, none"
-  timeout -k 10 150 $PY scripts/gpu_step_profile.py --out "$OUT/step_profile.json" 2>&1 | head -60
+  timeout -k 10 ${LIMIT[step]} $PY scripts/gpu_step_profile.py --out "$OUT/step_profile.json" 2>&1 | head -60
 }
 validate() {
   for dtype in float32 bfloat16; do
     header "validate pitcheck.nn:make --device cuda --dtype $dtype"
-    timeout -k 10 50 $PY -m pitcheck.cli validate pitcheck.nn:make --device cuda --dtype $dtype \
+    timeout -k 10 $(( LIMIT[validate] / 2 )) $PY -m pitcheck.cli validate pitcheck.nn:make --device cuda --dtype $dtype \
         --json "$OUT/validate_$dtype.json" 2>&1 | tail -20
   done
 }
@@ -53,7 +64,7 @@ nccl() {
   local gpus
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   header "2 ranks under NCCL on $gpus GPU(s)"
-  timeout -k 10 45 $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --shards 2 --vocab 1000 \
+  timeout -k 10 ${LIMIT[nccl]} $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --shards 2 --vocab 1000 \
       --dim 16 --steps 20 --out /tmp/nccl-run --force --no-progress 2>&1 | tail -8
   echo "rc ${PIPESTATUS[0]}"
 }
@@ -61,7 +72,7 @@ compare() {
   header "compare --quick, torch cells on CUDA (auto)"
   local t0=$SECONDS
   rm -rf /tmp/quick-cuda
-  timeout -k 10 120 $PY -m pitcheck.cli compare --quick --out /tmp/quick-cuda --no-progress 2>&1 | tail -25
+  timeout -k 10 ${LIMIT[compare]} $PY -m pitcheck.cli compare --quick --out /tmp/quick-cuda --no-progress 2>&1 | tail -25
   echo "compare wall $(( SECONDS - t0 )) s"
   cp /tmp/quick-cuda/summary.csv "$OUT/compare_quick_summary.csv" 2>/dev/null
   echo "cells by device:"; grep -ho '"device": *"[^"]*"' /tmp/quick-cuda/cells/*/manifest.json | sort | uniq -c
@@ -70,27 +81,47 @@ batched() {
   header "pytest: batched cells, stack failures, the draw memo (on the GPU machine's CPU; xdist where it is there)"
   local par=()
   $PY -c "import xdist" 2>/dev/null && par=(-n 8)
-  timeout -k 10 170 $PY "${PYTEST[@]}" "${par[@]}" tests/test_batched.py tests/test_stack_failures.py \
+  timeout -k 10 ${LIMIT[batched]} $PY "${PYTEST[@]}" "${par[@]}" tests/test_batched.py tests/test_stack_failures.py \
       tests/test_draw_memo.py 2>&1 | tail -30
 }
 f8tests() {
   header "tests/test_native_float8.py (one line per failure)"
-  timeout -k 10 45 $PY "${PYTEST[@]}" tests/test_native_float8.py 2>&1 | tail -30
+  timeout -k 10 ${LIMIT[f8tests]} $PY "${PYTEST[@]}" tests/test_native_float8.py 2>&1 | tail -30
 }
+zoo() {
+  header "validate tests/zoo --device cuda, float32 and bfloat16 ($ZOO_JOBS at once, ${ZOO_TIMEOUT} s a target)"
+  timeout -k 10 ${LIMIT[zoo]} $PY scripts/validate_zoo.py --device cuda --dtypes float32,bfloat16 --jobs "$ZOO_JOBS" \
+      --timeout "$ZOO_TIMEOUT" --out "$OUT/zoo" 2>&1 | tail -80
+  echo "rc ${PIPESTATUS[0]} (0: every outcome as expected; 1: see UNEXPECTED; 124: the section's limit)"
+  # the summary as far as it got: zoo.md is rewritten after every target
+  grep -h '^Unexpected outcomes' "$OUT/zoo/zoo.md" 2>/dev/null || echo "no $OUT/zoo/zoo.md"
+}
+
+SECTIONS=("$@")
+[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(tests float8 runs bench step validate nccl compare f8tests batched zoo)
+TOTAL=0
+for name in "${SECTIONS[@]}"; do
+  case $name in
+    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
+    *) echo "unknown section $name" >&2; exit 2 ;;
+  esac
+done
+if [ "$TOTAL" -gt "$CALL_LIMIT" ]; then
+  echo "warning: the sections' limits sum to $TOTAL s, over a call's $CALL_LIMIT s: the last ones may be cut; name fewer" >&2
+fi
+if [ -n "${DRY:-}" ]; then
+  for name in "${SECTIONS[@]}"; do echo "$name ${LIMIT[$name]} s"; done
+  echo "total $TOTAL s of $CALL_LIMIT s"
+  declare -F "${SECTIONS[@]}" > /dev/null || { echo "a section has no function" >&2; exit 2; }
+  $PY scripts/validate_zoo.py --help > /dev/null || exit 2
+  exit 0
+fi
 
 {
   nvidia-smi -L 2>&1
   $PY -c "import torch, numpy, ml_dtypes, threadpoolctl; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', 'numpy', numpy.__version__, 'ml_dtypes', ml_dtypes.__version__)"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-SECTIONS=("$@")
-[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(tests float8 runs bench step validate nccl compare f8tests batched)
-for name in "${SECTIONS[@]}"; do
-  case $name in
-    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched) ;;
-    *) echo "unknown section $name" >&2; exit 2 ;;
-  esac
-done
 {
   for name in "${SECTIONS[@]}"; do "$name"; done
   header done

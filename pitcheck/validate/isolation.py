@@ -78,8 +78,10 @@ def _run_isolated(request: dict, timeout: float) -> TargetRun:
         tag = secrets.token_hex(8)
         run = TargetRun()
         lost_after_last = False
+        spawned = []  # when each worker started: its start-up runs until its first phase
         while True:
             progress = _saved(out)
+            spawned.append(time.monotonic())
             code, timed_out = _run_worker(out, tag, deadline - time.monotonic())
             if timed_out or code != LOST_STATUS or not (out / "lost.txt").exists():
                 break  # a target's own exit with that status is an exit like any other
@@ -104,7 +106,8 @@ def _run_isolated(request: dict, timeout: float) -> TargetRun:
         if run.fatal:
             pass
         elif timed_out:
-            run.fatal = f"target timed out after {timeout:g} s during {phase}{_slowest(phases)}"
+            timeline = sorted(phases + [(t, "start-up") for t in spawned])
+            run.fatal = f"target timed out after {timeout:g} s during {phase}{_slowest(timeline)}"
         elif (out / "fatal.txt").exists():
             run.fatal = (out / "fatal.txt").read_text().strip()
         elif not lost_after_last and (code != 0 or phase != "finished"):
