@@ -171,6 +171,12 @@ class Engine:
     # ---- one step ----------------------------------------------------------------------------
     def step(self, grads: dict, step_index: int) -> list[dict]:
         """Apply one step's gradients; returns the events it caused (an empty list on a clean step)."""
+        # a step whose arithmetic overflows is found non-finite and recorded as an event (a skipped step);
+        # numpy's warnings on the way would print pitcheck's source lines beside it
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            return self._step(grads, step_index)
+
+    def _step(self, grads: dict, step_index: int) -> list[dict]:
         # the step's forward pass: its FP8 logits GEMM casts (histories advance); stored() copies the tables
         # to float64, so only where a format is placed there
         if self.model.has_retraction and self.quantisers.logits_placed:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import add_lm_options, add_run_options, lm_overrides, run_config
 
@@ -40,6 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def main(args) -> int:
     from ..trajectory import run, skipped_steps
+    from ..trajectory.loop import mostly_skipped
 
     progress = False if args.no_progress else None  # None: a bar only on a terminal
     cfg = run_config(args, shadow=not args.no_shadow,
@@ -48,8 +50,13 @@ def main(args) -> int:
     last = rows[-1]
     losses = "".join(f"{k} {last[k]:.4f}  " for k in ("train_loss", "heldout_loss") if k in last)
     skipped = skipped_steps(args.out)
-    skips = f"{sum(skipped.values())} of {last['step']} steps skipped (events.jsonl)  " if skipped else ""
+    why = mostly_skipped(skipped, last["step"])
+    most = ", most of the run" if why else ""
+    skips = f"{sum(skipped.values())} of {last['step']} steps skipped{most} (events.jsonl)  " if skipped else ""
     print(f"step {last['step']}: orthonormality {last['orthonormality']:.3e}  "
           f"pinv_drift {last['pinv_drift']:.3e}  cond_T {last['cond_T']:.3e}  "
           f"trisolve_backward_ratio {last['trisolve_backward_ratio']:.2f}  {losses}{skips}-> {args.out}")
+    if why:  # the exit status of a breakdown: the numbers above are not a run's result
+        print(f"pitcheck: breakdown: {args.out}: {why}", file=sys.stderr)
+        return 1
     return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..engine import StateBreakdown
 from ..errors import PitcheckError
-from ..events import breakdown, raised_by, row_events, skipped_steps_by_event, skips_step
+from ..events import EventKind, breakdown, raised_by, row_events, skipped_steps_by_event, skips_step
 from ..gradients import parse_adversary
 from ..progress import Progress
 from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, EventLines, RunDir, read_events
@@ -251,6 +251,22 @@ def steps_skipped(events: list[dict]) -> int:
 def skipped_steps(out: Path | str) -> dict[str, int]:
     """skipped_steps_by_event of the run in `out`."""
     return skipped_steps_by_event(read_events(Path(out) / EVENTS))
+
+
+# the skips of a step whose numbers were not finite (a failed retraction is another failure); a run that
+# skipped more than half its steps so is reported as a breakdown is: its last numbers are mostly its start's
+NONFINITE_SKIPS = (EventKind.NONFINITE_GRADIENT.value, EventKind.GRADIENT_OVERFLOW.value,
+                   EventKind.NONFINITE_STATE.value)
+
+
+def mostly_skipped(skipped: dict[str, int], steps: int) -> str | None:
+    """Why a run whose steps were mostly skipped on non-finite values is no trajectory (None: it is one)."""
+    kinds = {k: n for k, n in skipped.items() if k in NONFINITE_SKIPS}
+    if steps < 1 or 2 * sum(kinds.values()) <= steps:
+        return None
+    return (f"{sum(kinds.values())} of {steps} steps were skipped on non-finite values ("
+            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            + "): most of the run was never applied, so its numbers are not a trajectory's")
 
 
 def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool | None = None,
