@@ -17,3 +17,32 @@ def test_a_sharded_run_on_the_default_backend_is_not_told_to_drop_an_option_it_n
 def test_a_sharded_run_on_a_backend_given_names_it():
     with pytest.raises(PitcheckError, match="not --backend numpy; give --backend torch"):
         RunConfig(backend="numpy", shards=2, vocab=32, dim=4).validate()
+
+
+TINY = """
+[scenario.t]
+backend = "numpy"
+precision = "fp64"
+steps = 2
+vocab = 16
+dim = 4
+[scenario.t.budget]
+orthonormality = 1.0
+"""
+
+
+def test_two_scenario_files_of_one_stem_are_told_apart_and_a_stem_id_says_why(tmp_path, capsys):
+    from pitcheck.cli import stress as stress_cli
+    from tests.helpers import stress_args
+
+    files = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        files.append(tmp_path / folder / "s.toml")
+        files[-1].write_text(TINY, encoding="utf-8")
+    assert stress_cli.main(stress_args(files, json=tmp_path / "r.json")) == 0
+    assert "a/s::t" in capsys.readouterr().out
+    assert stress_cli.main(stress_args(files, only="s::t", json=tmp_path / "r.json")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "share the stem 's'" in err and "a/s::t, b/s::t" in err, err
+    assert "bare name 't'" in err, err

@@ -408,6 +408,19 @@ def load_scenarios(paths: list[Path | str] | None = None) -> list[Scenario]:
 
 
 
+def _shared_stem(name: str, scenarios: list[Scenario]) -> str:
+    """Where `name` is STEM::NAME and files sharing that stem named their scenarios by folders too, which ids
+    it could mean and why ('' otherwise)."""
+    stem, sep, bare = name.partition("::")
+    ids = sorted({s.id for s in scenarios if s.name == bare and s.file_label != stem
+                  and s.file_label.rsplit("/", 1)[-1] == stem})
+    if not sep or len(ids) < 2:
+        return ""
+    files = sorted({str(s.file) for s in scenarios if s.id in ids})
+    return (f": the files {' and '.join(files)} share the stem {stem!r}, so their scenarios are named by their "
+            f"folders too ({', '.join(ids)}); give one of those, or the bare name {bare!r} for every file's")
+
+
 def select_scenarios(scenarios: list[Scenario], only) -> list[Scenario]:
     """The scenarios named in `only` (all when it is empty): a bare name picks it in every file, a
     qualified one (ci::name) one scenario. StressInputError for a name that matches none."""
@@ -416,5 +429,6 @@ def select_scenarios(scenarios: list[Scenario], only) -> list[Scenario]:
     known = {s.name for s in scenarios} | {s.id for s in scenarios}
     unknown = [n for n in only if n not in known]
     if unknown:
-        raise StressInputError(f"--only {unknown[0]!r}: no such scenario{_suggest(unknown[0], known)}")
+        why = _shared_stem(unknown[0], scenarios) or _suggest(unknown[0], known)
+        raise StressInputError(f"--only {unknown[0]!r}: no such scenario{why}")
     return [s for s in scenarios if s.name in only or s.id in only]
