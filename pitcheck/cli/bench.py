@@ -10,6 +10,7 @@ import sys
 
 from ..benchmark import QUICK_SHAPES, bench, report
 from ..errors import PitcheckError
+from .common import check_writable
 
 NEEDS_TORCH = True
 
@@ -50,6 +51,7 @@ def main(args) -> int:
     if args.retractions is not None:  # '' is an empty list, refused, not the default
         names = [n.strip() for n in args.retractions.split(",") if n.strip()]
     try:
+        check_writable(files=[("--json", args.json)], dirs=[("--out", args.out)])
         doc = bench(args.shape, quick=args.quick, rounds=args.rounds, retractions=names, peers=not args.no_peers,
                     steps=not args.no_steps, json_path=args.json, out=args.out, progress=True, grid=args.grid)
     except PitcheckError as exc:

@@ -6,8 +6,12 @@ at start-up, and `pitcheck --help` should not wait for numpy, scipy and the mode
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+import tempfile
 from dataclasses import fields, replace
+from pathlib import Path
 
 from ..errors import PitcheckError
 
@@ -93,6 +97,46 @@ def run_config(args, **over):
     values["vocab"] = shape[0] if args.vocab is None else args.vocab
     values["dim"] = shape[1] if args.dim is None else args.dim
     return RunConfig(**{**values, **over})  # not replace(RunConfig(), ...): the backend follows the precision given
+
+
+def check_writable(files=(), dirs=()) -> None:
+    """Each output can be made where it goes, tried before the work: a file by creating (and removing) a
+    temporary file in its directory, as write_atomic's PATH.tmp is made; a directory to create by making (and
+    removing) one in its nearest existing ancestor. Permission bits do not tell (root, /proc, a read-only
+    mount): the files of a finished run would otherwise be lost at its end. (option, path) pairs; None skipped.
+    Devices, FIFOs and a path whose directory is missing are left to the verbs' own checks."""
+    def refuse(option, path, where, exc):
+        raise PitcheckError(f"{option} {path}: cannot create a file in {where}: {exc.strerror or exc}") from None
+
+    for option, path in files:
+        if path is None or str(path).strip() == "":
+            continue
+        real = Path(os.path.realpath(path))
+        try:
+            if real.exists() and not stat.S_ISREG(real.stat().st_mode):
+                continue  # a device or FIFO is written in place
+        except OSError:
+            continue
+        if not real.parent.is_dir():
+            continue
+        try:
+            fd, probe = tempfile.mkstemp(dir=real.parent, prefix=".pitcheck-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            refuse(option, path, real.parent, exc)
+    for option, path in dirs:
+        if path is None or str(path).strip() == "":
+            continue
+        ancestor = Path(os.path.realpath(path))
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            continue
+        try:
+            os.rmdir(tempfile.mkdtemp(dir=ancestor, prefix=".pitcheck-probe-"))
+        except OSError as exc:
+            refuse(option, path, ancestor, exc)
 
 
 def import_torch_holding_ctrl_c() -> None:

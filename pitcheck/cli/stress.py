@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from ..errors import PitcheckError
+from .common import check_writable
 
 NEEDS_TORCH = True
 
@@ -85,6 +86,7 @@ def main(args) -> int:
     try:
         if args.list:
             return _list(args)
+        check_writable(files=[("--junit", args.junit), ("--json", args.json)], dirs=[("--out", args.out)])
         outcome = sc.stress(args.files, only=args.only, out=args.out, junit=args.junit, json=args.json,
                             echo=_echo)
     except sc.OutputWriteError as exc:

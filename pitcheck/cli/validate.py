@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .common import check_writable
+
 NEEDS_TORCH = True
 
 
@@ -36,6 +38,7 @@ def main(args) -> int:
     from ..validate.result import check_outputs
 
     check_outputs(args.json, args.report, args.junit)
+    check_writable(files=[("--json", args.json), ("--report", args.report), ("--junit", args.junit)])
     result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
                       steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout,
                       world_size=args.world_size)
