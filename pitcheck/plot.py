@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from .errors import PitcheckError
 from .plotting import check_figure_path, draw_metric, pyplot, save_figure
 from .rundir import METRIC_COLUMNS, read_metrics
@@ -26,6 +28,12 @@ def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str
         if not rows or missing:
             raise PitcheckError(f"{path} has {'no rows' if not rows else 'no column ' + ', '.join(missing)}")
         runs.append((Path(d).name, rows))
+    # a metric a run does not record (a baseline head has no T, a numpy run no shadow) is all NaN there
+    lacking = {m: [name for name, rows in runs if np.isnan([r[m] for r in rows]).all()] for m in metrics}
+    empty = [m for m in metrics if len(lacking[m]) == len(runs)]
+    if empty:
+        raise PitcheckError(f"no run given records {', '.join(empty)} (all NaN: not applicable to these runs); "
+                            "leave it out of --metrics")
     plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
     for name, rows in runs:
@@ -33,6 +41,11 @@ def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str
             draw_metric(ax, rows, metric, name)
             ax.set_title(metric)
             ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
+    for ax, metric in zip(axes[0], metrics):
+        if lacking[metric]:  # said in the panel, not left for the reader to find missing
+            ax.text(0.02, 0.02, "not recorded: " + ", ".join(lacking[metric]), transform=ax.transAxes, fontsize=6)
+    # the legend where every run has a line: the first panel may lack a baseline's
+    legend_ax = next((ax for ax, m in zip(axes[0], metrics) if not lacking[m]), axes[0][0])
+    legend_ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(plt, fig, Path(out_png))

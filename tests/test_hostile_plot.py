@@ -1,0 +1,32 @@
+"""`pitcheck plot` of a metric a run does not record (a baseline head has no T): refused in one line when no run
+records it, noted in its panel when some do; never an empty panel with matplotlib's raw legend warning."""
+import warnings
+
+import pytest
+
+from pitcheck import PitcheckError
+from pitcheck.plot import plot_runs
+from pitcheck.trajectory import RunConfig, run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for head in ("tied", "pit"):
+        run(RunConfig(head=head, vocab=16, dim=4, steps=3, records_per_decade=4), root / head, progress=False)
+    return root
+
+
+def test_a_metric_no_run_records_is_refused_in_one_line(runs, tmp_path):
+    with pytest.raises(PitcheckError, match="no run given records cond_T") as info:
+        plot_runs([runs / "tied"], tmp_path / "p.png", ["cond_T", "orthonormality"])
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_a_metric_some_runs_lack_is_drawn_with_a_note_and_no_warning(runs, tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_runs([runs / "tied", runs / "pit"], tmp_path / "p.svg", ["cond_T", "orthonormality"])
+    assert not [str(w.message) for w in caught if "legend" in str(w.message) or "artists" in str(w.message)]
+    assert "not recorded: tied" in (tmp_path / "p.svg").read_text()
