@@ -144,3 +144,21 @@ def test_a_module_on_the_meta_device_cannot_be_run(tmp_path, capsys, isolate):
         reason = result.fatal
     assert "on the meta device" in reason and "not on cpu" in reason, reason
     assert "Z" in reason and "item()" not in reason
+
+
+# a worker that says it lost its context (status 4 and lost.txt, as the worker writes them) without saving
+# anything: a fresh worker would do the same again
+NO_PROGRESS = """\
+import os, sys
+def make(V, D, **kw):
+    open(os.path.join(os.path.dirname(sys.argv[1]), "lost.txt"), "w").write("context lost after build: stand-in")
+    os._exit(4)
+"""
+
+
+def test_a_worker_that_loses_its_context_without_a_result_is_not_restarted_again(tmp_path):
+    (tmp_path / "no_progress.py").write_text(NO_PROGRESS)
+    start = time.monotonic()
+    result = validate(f"{tmp_path / 'no_progress.py'}:make", "float32", checks="contract", **TINY)
+    assert result.exit_status == 2 and time.monotonic() - start < 60
+    assert "lost its device context without a result" in result.fatal, result.fatal

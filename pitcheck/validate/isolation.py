@@ -126,8 +126,9 @@ def _remaining(out: Path, request: dict) -> list[str]:
 
 
 def _saved(out: Path) -> tuple:
-    """What the workers have saved so far: results and partial results, by name and time."""
-    return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in out.glob("*.npz")))
+    """What the workers have saved so far: the results, and the cases of each partial result."""
+    return tuple(sorted((p.name, len(load_probe(p).facts.get("cases", {})) if p.name.endswith(".partial.npz") else 0)
+                        for p in out.glob("*.npz")))
 
 
 def _slowest(phases: list[tuple[float, str]], count: int = 3) -> str:
