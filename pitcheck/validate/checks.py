@@ -422,14 +422,28 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
     v.ratio(f"autograd vs finite differences ({f['fd_dtype']})", abs(ad - fd) / scale, fd_unit,
             "directional derivative error", precision=limit, autograd=ad, finite_difference=fd, fd_noise=noise)
     for c in f.get("components", []):
-        # the same comparison for one map's term along one parameter's block: which gradient is wrong
-        c_scale = max(abs(c["autograd"]), abs(c["finite_difference"]), 1e-300)
+        # the same comparison for one map's term along one parameter's block: which gradient is wrong. The
+        # total above judges the whole gradient; a component the differences cannot resolve (a derivative far
+        # below its term's size) is shown, and leaves the verdict to the total
+        label = f"gradient of {c['parameter']} through {c['map']}"
+        row = {"autograd": c["autograd"], "finite_difference": c["finite_difference"]}
+        if c["autograd"] == 0 and c["finite_difference"] == 0:
+            v.result.details.append({"state": label, "verdict": "pass", "raw": 0.0, **row,
+                                     "reason": "no gradient reaches it (autograd and differences both 0)"})
+            continue
+        c_scale = max(abs(c["autograd"]), abs(c["finite_difference"]))
         c_noise = abs(c["fd_at_step"] - c["fd_at_half_step"]) / c_scale
         c_theory = u_fd ** (2.0 / 3.0) * max(c["loss_scale"], abs(c["autograd"])) / c_scale
-        v.ratio(f"gradient of {c['parameter']} through {c['map']}", abs(c["autograd"] - c["finite_difference"]) / c_scale,
-                max(c_theory, c_noise), "directional derivative error",
+        c_unit = max(c_theory, c_noise)
+        raw = abs(c["autograd"] - c["finite_difference"]) / c_scale
+        if TAU * c_unit > RESOLVABLE:
+            v.result.details.append({"state": label, "verdict": "inconclusive", "raw": raw, "fd_noise": c_noise,
+                                     "threshold": TAU, **row, "reason": "the differences cannot resolve this "
+                                     f"term's derivative (threshold {TAU * c_unit:.2g}): the total judges it"})
+            continue
+        v.ratio(label, raw, c_unit, "directional derivative error",
                 precision=f["fd_dtype"] if c_theory >= c_noise else f"the differences' measured noise ({c_noise:.2g})",
-                autograd=c["autograd"], finite_difference=c["finite_difference"], fd_noise=c_noise)
+                fd_noise=c_noise, **row)
     if "autograd_under_test" in f:
         test = f["autograd_under_test"]
         reference = f["reference_dtype"]
