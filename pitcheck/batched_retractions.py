@@ -191,10 +191,21 @@ def _none_failed(Z) -> np.ndarray:
     return np.zeros(Z.shape[0], dtype=bool)
 
 
-def stacked_form(name: str):
+class StackedMap(CheckedMap):
     """A stacked form behind check_point's refusal of a shape with no orthonormal point, as every registered
-    one-matrix map is (retractions.CheckedMap), under its own module name too."""
-    return lambda fn: CheckedMap(name, fn, stacked=True)
+    one-matrix map is (retractions.CheckedMap); it pickles by name from this module's registry."""
+
+    def __reduce__(self):
+        return _stacked_map, (self.name,)
+
+
+def _stacked_map(name: str):
+    return STACKED_RETRACTIONS[name]
+
+
+def stacked_form(name: str):
+    """Wrap a stacked form as a StackedMap (under its own module name too)."""
+    return lambda fn: StackedMap(name, fn, stacked=True)
 
 
 @stacked_form("qr")

@@ -86,14 +86,10 @@ class CheckedMap:
         self.fn.__defaults__ = value
 
     def __reduce__(self):  # by name, as a function pickles (its module attribute is this wrapper)
-        return _registered_map, (self.name, self.stacked)
+        return _registered_map, (self.name,)
 
 
-def _registered_map(name: str, stacked: bool):
-    if stacked:
-        from .batched_retractions import STACKED_RETRACTIONS  # deferred: that module imports this one
-
-        return STACKED_RETRACTIONS[name]
+def _registered_map(name: str):
     return RETRACTIONS[name]
 
 
