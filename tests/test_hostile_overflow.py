@@ -40,3 +40,18 @@ def test_mostly_skipped_counts_non_finite_skips_only_and_needs_more_than_half():
     assert "6 of 10 steps" in mostly_skipped({"nonfinite_state": 4, "gradient_overflow": 2}, 10)
     assert mostly_skipped({"retraction_failed": 9}, 10) is None  # another failure than a non-finite value
     assert mostly_skipped({}, 0) is None
+
+
+def test_a_stress_scenario_whose_run_skipped_most_steps_is_broken_not_held(tmp_path):
+    # the budgets would hold on numbers that are mostly the start's: the scenario is broken, saying why
+    from pitcheck.scenarios import load_scenarios
+    from pitcheck.scenarios.runner import run_scenario
+
+    path = tmp_path / "s.toml"
+    path.write_text('[scenario.overflow]\nadversary = "sparse_input"\noptimizer = "adam"\nlr = 100.0\n'
+                    'vocab = 64\ndim = 8\nsteps = 50\n[scenario.overflow.budget]\northonormality_ratio = 1e30\n')
+    (scenario,) = load_scenarios([path])
+    result = run_scenario(scenario, tmp_path / "run")
+    assert all(c.held for c in result.checks)  # the budget alone holds
+    assert result.broken and any("the run is no trajectory" in e and "skipped on non-finite values" in e
+                                 for e in result.errors), result.errors

@@ -17,6 +17,7 @@ from ..errors import PitcheckError
 from ..rundir import check_distinct_outputs, check_out_file, check_out_path, read_events, read_metrics
 from ..threads import thread_policy
 from ..trajectory import RunBreakdown, run
+from ..trajectory.loop import mostly_skipped, skipped_steps
 from .budgets import BudgetResult, check_budget
 from .scenarios import Scenario, StressInputError
 
@@ -63,6 +64,11 @@ def run_scenario(scenario: Scenario, out: Path | str) -> ScenarioResult:
         res.errors.append(f"run broke down: {exc}")
         rows = read_metrics(Path(out) / "metrics.csv")
     res.seconds = time.perf_counter() - t0
+    if rows:
+        # budgets read off a run that never applied most of its steps would hold on its start's numbers
+        why = mostly_skipped(skipped_steps(out), rows[-1]["step"])
+        if why:
+            res.errors.append(f"the run is no trajectory: {why}")
     events = read_events(Path(out) / "events.jsonl")
     res.checks = [check_budget(c, rows) for c in scenario.checks]
     names = {e.get("event") for e in events}
