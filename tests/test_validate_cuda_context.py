@@ -34,6 +34,10 @@ def test_a_device_assert_on_bad_ids_is_a_refusal_and_the_rest_runs_in_a_fresh_wo
     assert set(cases) == {"id -1", "id V", "float ids", "empty batch", "nan hidden row", "inf hidden row"}
     assert cases["empty batch"]["reason"] == "empty (0, D) result"
     assert result.by_name()["scale"].verdict == "pass"
+    # the result says that fresh processes took over, and why
+    assert len(result.restarts) == 2 and "device-side assert" in " ".join(result.restarts), result.restarts
+    assert "the device's context was lost 2 times" in result.summary()
+    assert result.to_json()["restarts"] == result.restarts
 
 
 def test_in_the_validators_own_process_a_lost_context_is_said_not_blamed_on_the_target(monkeypatch):

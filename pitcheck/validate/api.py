@@ -105,7 +105,8 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
         run = run_sharded(request, world_size, timeout)
     else:
         run = run_isolated(request, timeout) if isolate else _run_here(factory, request)
-    result = ValidationResult(spec, dtype, device, vocab, dim, steps, seed, fatal=run.fatal, world_size=world_size)
+    result = ValidationResult(spec, dtype, device, vocab, dim, steps, seed, fatal=run.fatal, world_size=world_size,
+                              restarts=list(getattr(run, "restarts", [])))
     for name in names:
         if name in run.probes:
             result.checks.append(judge(name, run.probes[name], ctx))

@@ -26,6 +26,7 @@ class ValidationResult:
     fatal: str = ""  # the target could not be imported, built or run: exit 2
     seconds: float = 0.0
     world_size: int | None = None  # the ranks of a sharded target (None: one process)
+    restarts: list = field(default_factory=list)  # why a fresh worker took over (a lost device context)
 
     @property
     def exit_status(self) -> int:
@@ -51,6 +52,10 @@ class ValidationResult:
             return head + f"target error: {self.fatal}"
         text = f"{counts['fail'] + counts['error']} of {len(self.checks)} checks failed"
         extra = [f"{counts['inconclusive']} inconclusive"] if counts["inconclusive"] else []
+        if self.restarts:
+            # a device-side assert (ids out of range) poisons a CUDA context: what followed ran in a fresh one
+            extra.append(f"the device's context was lost {len(self.restarts)} time"
+                         f"{'s' if len(self.restarts) > 1 else ''} and the checks after it ran in a fresh process")
         return head + text + (f" ({', '.join(extra)})" if extra else "") + f" in {self.seconds:.1f} s"
 
     def to_json(self) -> dict:
@@ -58,6 +63,7 @@ class ValidationResult:
             "target": self.target, "dtype": self.dtype, "device": self.device, "vocab": self.vocab,
             "dim": self.dim, "steps": self.steps, "seed": self.seed, "world_size": self.world_size,
             "exit_status": self.exit_status, "fatal": self.fatal, "seconds": round(self.seconds, 3),
+            "restarts": list(self.restarts),
             "summary": self.summary(), "checks": [c.to_json() for c in self.checks],
         }
 
