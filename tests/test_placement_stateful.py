@@ -65,11 +65,12 @@ def test_unsupported_stateful_placements_are_refused_in_one_line():
     with pytest.raises(PitcheckError, match="not supported"):
         Quantisers(Placement("x", "", z_copy="tensor-delayed"))
     # every placement, stateless ones too: the ranks step the plain policy, so a sharded fp8-logits run
-    # would record a placement it never applied
+    # would record a placement it never applied (Adam, whose moments fp8-adam places: under SGD, which keeps
+    # none, that placement is refused first, sharded or not)
     for precision in ("nvfp4-grad-sr", "fp8-logits", "fp8-store", "fp8-adam"):
         with pytest.raises(PitcheckError, match="applies no placement .* runs unsharded"):
             RunConfig(precision=precision, backend="torch", device="cpu", vocab=64, dim=4, shards=2,
-                      retraction="cholqr2").validate()
+                      retraction="cholqr2", optimizer="adam").validate()
 
 
 # ---- delayed scaling ------------------------------------------------------------------------------------
