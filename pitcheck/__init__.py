@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import PitcheckError
+from .infra.errors import PitcheckError
 
 __version__ = "0.1.0"
 
@@ -24,13 +24,13 @@ __version__ = "0.1.0"
 _API = {
     "run": ("trajectory", "run"),
     "RunConfig": ("trajectory", "RunConfig"),
-    "compare": ("sweep", "compare"),
-    "stress": ("scenarios", "stress"),
-    "bench": ("benchmark", "bench"),
-    "validate": ("validate", None),  # the subpackage, callable as the function (validate/__init__.py)
-    "metrics": ("metrics", None),
-    "retractions": ("retractions", None),
-    "formats": ("formats", None),
+    "compare": ("verbs.compare", "compare"),
+    "stress": ("verbs.stress", "stress"),
+    "bench": ("verbs.bench.benchmark", "bench"),
+    "validate": ("verbs.validate", None),  # the subpackage, callable as the function (verbs/validate/__init__.py)
+    "metrics": ("numerics.metrics", None),
+    "retractions": ("model.retractions", None),
+    "formats": ("numerics.formats", None),
 }
 
 __all__ = ["PitcheckError", "__version__", *_API]

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 
-from pitcheck.threads import thread_policy
+from pitcheck.infra.threads import thread_policy
 from pitcheck.trajectory import RunConfig, Trajectory, run
 from pitcheck.trajectory.batched import run_batch
 

@@ -30,8 +30,8 @@ def config_of(shape: str, device: str, steps: int):
 
 
 def model_ms(shape: str, device: str) -> float:
-    from pitcheck.sweep.cells import time_steps
-    from pitcheck.threads import thread_policy
+    from pitcheck.verbs.compare.cells import time_steps
+    from pitcheck.infra.threads import thread_policy
 
     with thread_policy(1):
         return time_steps(config_of(shape, device, 10))

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pitcheck import PitcheckError, metrics, reference
-from pitcheck.events import EventKind
-from pitcheck.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
+from pitcheck import PitcheckError
+from pitcheck.numerics import metrics, reference
+from pitcheck.trajectory.events import EventKind
+from pitcheck.infra.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

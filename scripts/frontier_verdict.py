@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from pitcheck.retractions import APPROXIMATE
+from pitcheck.model.retractions import APPROXIMATE
 
 METHODS = ("qr", "cholqr2", "rcqr", "cholqr3-shifted", "polar-express", "gram-ns", "landing", "ns5")
 GROWTH_LIMIT = 0.25  # compare's verdict: below it the error is taken as bounded

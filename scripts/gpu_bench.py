@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pitcheck.arrays import TorchOps  # noqa: E402
-from pitcheck.retractions import APPROXIMATE, RETRACTIONS  # noqa: E402
-from pitcheck.runcost import RunTimer, amortised_ms  # noqa: E402
+from pitcheck.numerics.arrays import TorchOps  # noqa: E402
+from pitcheck.model.retractions import APPROXIMATE, RETRACTIONS  # noqa: E402
+from pitcheck.verbs.bench.runcost import RunTimer, amortised_ms  # noqa: E402
 from pitcheck.trajectory import RunConfig  # noqa: E402
 
 U = {"fp32": 2.0**-24, "tf32": 2.0**-24}  # u of the storage dtype (tf32 stores fp32)
@@ -90,8 +90,8 @@ def retraction_rows(V, D, device, precision, repeats):
 
 def engine_step_rows(V, D, device, precisions, retractions, repeats):
     """One engine step (the engine's gradient stream, optimizer, retraction) of each policy, no shadow."""
-    from pitcheck.gradients import AdversaryParams, parse_adversary
-    from pitcheck.policy import get_policy
+    from pitcheck.model.gradients import AdversaryParams, parse_adversary
+    from pitcheck.numerics.policy import get_policy
     from pitcheck.trajectory.step import initial_state, make_engine
 
     rows = []

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pitcheck.errors import PitcheckError  # noqa: E402
-from pitcheck.policy import get_policy  # noqa: E402
+from pitcheck.infra.errors import PitcheckError  # noqa: E402
+from pitcheck.numerics.policy import get_policy  # noqa: E402
 from pitcheck.trajectory import RunConfig, run  # noqa: E402
 
 KEYS = ("step", "orthonormality", "orthonormality_ratio", "pinv_drift", "penrose", "shadow_Z", "shadow_T", "cond_T")

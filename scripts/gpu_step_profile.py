@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pitcheck.gradients import AdversaryParams, gradient  # noqa: E402
+from pitcheck.model.gradients import AdversaryParams, gradient  # noqa: E402
 from pitcheck.trajectory import RunConfig, run  # noqa: E402
 from pitcheck.trajectory import step as step_module  # noqa: E402
 

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from pitcheck.gradients import AdversaryParams, gradient
-from pitcheck.threads import limited_threads
+from pitcheck.model.gradients import AdversaryParams, gradient
+from pitcheck.infra.threads import limited_threads
 from tests.test_gradient_stream_exact import model_pair, ref_gradient
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7

@@ -9,7 +9,7 @@ import numpy as np
 import scipy
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from pitcheck.arrays import householder_qr
+from pitcheck.numerics.arrays import householder_qr
 
 threadpool_limits(1)
 print("numpy", np.__version__, "scipy", scipy.__version__)

@@ -3,7 +3,7 @@
     python scripts/native_float8_check.py [--device cuda] [--out results/gpu/native_float8.json]
 
 Counts, for each element format, the float32 probe inputs (every value, midpoint and its neighbours,
-overflow, infinities, NaN, random values) whose native cast differs from pitcheck.formats.round_to; for
+overflow, infinities, NaN, random values) whose native cast differs from pitcheck.numerics.formats.round_to; for
 each recipe the scaled operands that differ from the emulation; and for each recipe pair the GEMM's
 largest error over its fp32-accumulation bound (<= 1 expected) and its time against an fp32 GEMM of the
 same shape, measured in the same run.
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pitcheck.formats import FORMATS, round_to  # noqa: E402
-from pitcheck.native_float8 import cast, gemm_error_bound, quantise, scaled_mm  # noqa: E402
-from pitcheck.scaling import fake_quant  # noqa: E402
+from pitcheck.numerics.formats import FORMATS, round_to  # noqa: E402
+from pitcheck.numerics.native_float8 import cast, gemm_error_bound, quantise, scaled_mm  # noqa: E402
+from pitcheck.numerics.scaling import fake_quant  # noqa: E402
 
 
 def probes(element, device):

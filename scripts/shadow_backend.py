@@ -8,9 +8,9 @@ import time
 import numpy as np
 import torch
 
-from pitcheck.gradients import parse_adversary
-from pitcheck.policy import get_policy
-from pitcheck.threads import pin_threads
+from pitcheck.model.gradients import parse_adversary
+from pitcheck.numerics.policy import get_policy
+from pitcheck.infra.threads import pin_threads
 from pitcheck.trajectory import RunConfig
 from pitcheck.trajectory.step import Lockstep, initial_state, make_engine
 

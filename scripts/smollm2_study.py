@@ -12,8 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from pitcheck.pretrained.study import run_study, write_study
-from pitcheck.threads import apply_thread_policy
+from pitcheck.sources.pretrained.study import run_study, write_study
+from pitcheck.infra.threads import apply_thread_policy
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The stacked gradient stream (pitcheck.stacked_gradients) against the per-cell loop it replaces, in one
+"""The stacked gradient stream (pitcheck.model.stacked_gradients) against the per-cell loop it replaces, in one
 process, one thread, old and new interleaved (ratios hold under load; absolute times do not):
 
 1. K = 8 cells at 128 x 8, each adversary of the default grid: us per cell-step, median over rounds;
@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from pitcheck.gradients import AdversaryParams, gradient
-from pitcheck.stacked_gradients import stacked_gradients
-from pitcheck.threads import thread_policy
+from pitcheck.model.gradients import AdversaryParams, gradient
+from pitcheck.model.stacked_gradients import stacked_gradients
+from pitcheck.infra.threads import thread_policy
 from pitcheck.trajectory import RunConfig, Trajectory
 from pitcheck.trajectory import batched
 from tests.test_gradient_stream_exact import model_pair

@@ -5,7 +5,7 @@ interleaved rounds in one process, wall time. Usage: PYTHONPATH=. python scripts
 import sys, time
 from threadpoolctl import threadpool_limits
 import torch
-from pitcheck.runcost import RunTimer
+from pitcheck.verbs.bench.runcost import RunTimer
 from pitcheck.trajectory import RunConfig
 V, D = map(int, sys.argv[1].split("x"))
 t = RunTimer.build(RunConfig(backend="torch", precision="fp32", retraction="qr", vocab=V, dim=D, device="cpu", steps=10**5))

@@ -1,10 +1,10 @@
 """Wall time of a whole run step (model + float64 shadow + gradients, fp32 qr, torch CPU) with 1 vs 2 threads,
-in interleaved rounds of one process, minimum taken: the measurement behind pitcheck.threads.DEFAULT_THREADS.
+in interleaved rounds of one process, minimum taken: the measurement behind pitcheck.infra.threads.DEFAULT_THREADS.
 Usage: PYTHONPATH=. python scripts/thread_ratio.py [ROUNDS]  (on a quiet machine)."""
 import sys, time
 import numpy as np
-from pitcheck.threads import limited_threads
-from pitcheck.gradients import parse_adversary
+from pitcheck.infra.threads import limited_threads
+from pitcheck.model.gradients import parse_adversary
 from pitcheck.trajectory import RunConfig
 from pitcheck.trajectory.step import Lockstep
 shapes = [(128, 8), (2048, 64), (2048, 32), (8192, 128), (65536, 32)]

@@ -1,8 +1,8 @@
 """pitcheck's own drift stress suite (stress/*.toml), run through the same code as `pitcheck stress`."""
 import pytest
 
-from pitcheck.scenarios import cuda_available, load_scenarios, run_scenario
-from pitcheck.threads import pin_threads
+from pitcheck.verbs.stress import cuda_available, load_scenarios, run_scenario
+from pitcheck.infra.threads import pin_threads
 
 SCENARIOS = load_scenarios()
 
@@ -22,9 +22,9 @@ def test_scenario(scenario, tmp_path):
 
 
 def test_suite_covers_every_retraction_policy_and_adversary():
-    from pitcheck.gradients import GRADIENT_MODELS, parse_adversary
-    from pitcheck.policy import POLICIES
-    from pitcheck.retractions import RETRACTIONS
+    from pitcheck.model.gradients import GRADIENT_MODELS, parse_adversary
+    from pitcheck.numerics.policy import POLICIES
+    from pitcheck.model.retractions import RETRACTIONS
 
     configs = [s.config for s in SCENARIOS]
     assert set(RETRACTIONS) <= {c.retraction for c in configs if c.head == "pit" and c.steps > 0}

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pitcheck import PitcheckError, metrics
+from pitcheck import PitcheckError
+from pitcheck.numerics import metrics
 
 ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True, width=64)
 # a sprinkling of the values that break things: zeros, subnormals, huge, non-finite

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pitcheck import reference
-from pitcheck.rundir import npz_bytes
+from pitcheck.numerics import reference
+from pitcheck.infra.rundir import npz_bytes
 
 
 def pit_pair(vocab, dim, cond, seed=0):

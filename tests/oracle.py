@@ -10,7 +10,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from pitcheck.errors import PitcheckError
+from pitcheck.infra.errors import PitcheckError
 
 DIGITS = 50
 MAX_VOCAB, MAX_DIM = 256, 32

@@ -1,12 +1,12 @@
-"""pitcheck.arrays: the numpy and torch namespaces agree op by op, and the reduced-precision
+"""pitcheck.numerics.arrays: the numpy and torch namespaces agree op by op, and the reduced-precision
 matmul emulation rounds exactly as the hardware contract says (tf32 operands to 11 bits, ties to even;
 bf16/fp16 operands cast and the fp32-accumulated product rounded back to the low format)."""
 import numpy as np
 import pytest
 import torch
 
-from pitcheck.arrays import NumpyOps, TorchOps, ops_for, round_float32
-from pitcheck.formats import FORMATS, Format, round_to
+from pitcheck.numerics.arrays import NumpyOps, TorchOps, ops_for, round_float32
+from pitcheck.numerics.formats import FORMATS, Format, round_to
 
 TF32, BF16, FP16 = FORMATS["tf32"], FORMATS["bf16"], FORMATS["fp16"]
 

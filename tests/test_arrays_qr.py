@@ -1,11 +1,11 @@
-"""pitcheck.arrays.householder_qr: LAPACK's geqrf + orgqr called directly must be np.linalg.qr bit for bit
+"""pitcheck.numerics.arrays.householder_qr: LAPACK's geqrf + orgqr called directly must be np.linalg.qr bit for bit
 (the numpy reference and the float64 shadow step with it, and committed results were computed with
 np.linalg.qr), including at a shape where a smaller, unblocked workspace would round differently."""
 import numpy as np
 import pytest
 
-from pitcheck.arrays import NumpyOps, householder_qr
-from pitcheck.retractions import retract_qr
+from pitcheck.numerics.arrays import NumpyOps, householder_qr
+from pitcheck.model.retractions import retract_qr
 
 
 @pytest.mark.parametrize("shape", [(7, 1), (128, 8), (300, 40), (64, 64), (2048, 64), (4096, 256)])

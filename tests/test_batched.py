@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pitcheck import sweep as sw
-from pitcheck.errors import PitcheckError
-from pitcheck.gradients import AdversaryParams
-from pitcheck.threads import thread_policy
+from pitcheck.verbs import compare as sw
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.model.gradients import AdversaryParams
+from pitcheck.infra.threads import thread_policy
 from pitcheck.trajectory import RunBreakdown, RunConfig, RunInterrupted, Trajectory, run
 from pitcheck.trajectory.batched import run_batch
 
@@ -149,7 +149,7 @@ def test_a_cell_whose_step_has_an_event_takes_it_alone_and_rejoins_with_the_same
 def test_loss_scaled_cells_keep_their_own_scales_in_the_stack(tmp_path, monkeypatch, precision):
     # the scale doubles every 4 clean steps (GradScaler's 2000, shortened): overflows, halvings and growth
     # come again and again, at different steps in different cells
-    monkeypatch.setattr("pitcheck.amp.LOSS_SCALE_GROWTH_INTERVAL", 4)
+    monkeypatch.setattr("pitcheck.model.amp.LOSS_SCALE_GROWTH_INTERVAL", 4)
     cells = four_cells(precision, "qr", steps=40)
     cells = [dataclasses.replace(c, records_per_decade=40) for c in cells]
     outcomes, files = alone_and_batched(cells, tmp_path)
@@ -183,9 +183,9 @@ def test_a_failed_matrix_in_the_stack_warns_nothing():
     # the mask reports it, the engine alone records it; numpy's warnings would be noise on a progress bar
     import numpy as np
 
-    from pitcheck.arrays import NumpyOps
-    from pitcheck.batched_retractions import StackedOps, stacked_polar_gram
-    from pitcheck.reference import random_memory
+    from pitcheck.numerics.arrays import NumpyOps
+    from pitcheck.model.batched_retractions import StackedOps, stacked_polar_gram
+    from pitcheck.numerics.reference import random_memory
 
     Z = np.stack([random_memory(16, 4, np.random.default_rng(k)) for k in range(2)])
     xi = np.stack([1e-3 * Z[0], -Z[1]])
@@ -197,7 +197,7 @@ def test_a_failed_matrix_in_the_stack_warns_nothing():
 
 KILLED_BATCH = """
 import sys
-from pitcheck.threads import thread_policy
+from pitcheck.infra.threads import thread_policy
 from pitcheck.trajectory import RunConfig, Trajectory
 from pitcheck.trajectory.batched import run_batch
 configs = [RunConfig(precision="fp32", retraction="qr", vocab=16, dim=4, steps=2000, records_per_decade=10,
@@ -409,10 +409,10 @@ def test_a_map_that_overflows_warns_nothing_alone_or_stacked():
     # the stack reports the cell failed; numpy's warnings on the way would be noise on a progress bar
     import numpy as np
 
-    from pitcheck.batched_engine import StackedPit
-    from pitcheck.engine import Engine, StepSettings
-    from pitcheck.policy import get_policy
-    from pitcheck.reference import random_memory
+    from pitcheck.model.batched_engine import StackedPit
+    from pitcheck.model.engine import Engine, StepSettings
+    from pitcheck.numerics.policy import get_policy
+    from pitcheck.numerics.reference import random_memory
 
     def engine():
         e = Engine("numpy", get_policy("fp64"), StepSettings("cayley-iter", "sgd", lr=1e120))

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck import batched_retractions as BR
-from pitcheck.arrays import TorchOps
-from pitcheck.batched_retractions import StackedOps
+from pitcheck.model import batched_retractions as BR
+from pitcheck.numerics.arrays import TorchOps
+from pitcheck.model.batched_retractions import StackedOps
 
 SPECIAL = [np.inf, -np.inf, np.nan, 0.0, -0.0, 20.0, -20.0, 30.0, -88.0, 1e-45, 1e-30]
 
@@ -68,7 +68,7 @@ def test_a_one_call_past_the_scalar_remainder_would_differ(monkeypatch):
 @pytest.mark.parametrize("D", [1, 2, 7, 8, 9, 16, 17, 33, 64])
 @pytest.mark.parametrize("name", ["softplus", "sigmoid"])
 def test_numpy_on_diagonals_is_each_matrix_own_call_bit_for_bit(D, name):
-    from pitcheck.arrays import NumpyOps
+    from pitcheck.numerics.arrays import NumpyOps
 
     ops = StackedOps(NumpyOps())
     fn = getattr(ops.base, name)

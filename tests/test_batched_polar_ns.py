@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck import batched_retractions as BR
-from pitcheck.arrays import NumpyOps, TorchOps
-from pitcheck.formats import FORMATS
-from pitcheck.retractions import RetractionError, retract_polar_ns
+from pitcheck.model import batched_retractions as BR
+from pitcheck.numerics.arrays import NumpyOps, TorchOps
+from pitcheck.numerics.formats import FORMATS
+from pitcheck.model.retractions import RetractionError, retract_polar_ns
 from tests.test_batched import alone_and_batched, four_cells
 
 PRECISIONS = ["fp64", "fp32", "tf32", "bf16", "bf16-mixed"]

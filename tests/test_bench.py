@@ -1,4 +1,4 @@
-"""pitcheck.benchmark and `pitcheck bench`: JSON schema, ratios to the GEMM floor from the same run, peers, scaling fit, exit codes.
+"""pitcheck.verbs.bench.benchmark and `pitcheck bench`: JSON schema, ratios to the GEMM floor from the same run, peers, scaling fit, exit codes.
 Timings themselves are never asserted (shared, noisy cores): only their structure and arithmetic."""
 import argparse
 import json
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from pitcheck import PitcheckError, benchmark
+from pitcheck import PitcheckError
+from pitcheck.verbs.bench import benchmark
 from pitcheck.cli import bench as bench_cli
 
 
@@ -209,7 +210,7 @@ def test_bench_returns_the_document_it_writes(tmp_path):
 
 
 def test_whole_run_step_is_the_step_plus_its_share_of_records(doc):
-    from pitcheck.runcost import AMORTISED_STEPS, records_per_step
+    from pitcheck.verbs.bench.runcost import AMORTISED_STEPS, records_per_step
     from pitcheck.trajectory import RunConfig, recorded_steps
 
     rows = [r for r in doc["results"] if r["kind"] == "runstep"]
@@ -229,7 +230,7 @@ def test_whole_run_step_is_the_step_plus_its_share_of_records(doc):
 
 
 def small_grid(tmp_path, axes: str):
-    from pitcheck import sweep
+    from pitcheck.verbs import compare as sweep
 
     path = tmp_path / "grid.toml"
     path.write_text(f'steps = 30\nrecords_per_decade = 5\n[axes]\n{axes}precision = ["fp32"]\nshape = ["32x4"]\n'
@@ -252,7 +253,7 @@ def watch_builds(monkeypatch, timer_class, built: list, closed: list) -> None:
 
 
 def test_grid_rate_costs_every_cell_by_its_class(tmp_path, monkeypatch):
-    from pitcheck import runcost
+    from pitcheck.verbs.bench import runcost
 
     grid = small_grid(tmp_path, 'retraction = ["qr", "cayley"]\n')
     timed, closed = [], []
@@ -270,7 +271,7 @@ def test_grid_rate_costs_every_cell_by_its_class(tmp_path, monkeypatch):
 
 
 def test_grid_rate_batched_costs_each_batch_as_one_stack_and_the_rest_by_class(tmp_path, monkeypatch):
-    from pitcheck import runcost
+    from pitcheck.verbs.bench import runcost
 
     grid = small_grid(tmp_path, 'retraction = ["qr"]\noptimizer = ["sgd", "momentum"]\n')
     built, closed = [], []
@@ -291,7 +292,7 @@ def test_grid_rate_batched_costs_each_batch_as_one_stack_and_the_rest_by_class(t
 
 
 def test_cell_seconds_and_cost_classes():
-    from pitcheck.runcost import cell_seconds, cost_classes
+    from pitcheck.verbs.bench.runcost import cell_seconds, cost_classes
     from pitcheck.trajectory import RunConfig, recorded_steps
 
     n = len(recorded_steps(1000, 10))

@@ -8,8 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, rundir
-from pitcheck.rundir import RunDir, npz_bytes
+from pitcheck import PitcheckError
+from pitcheck.infra import rundir
+from pitcheck.infra.rundir import RunDir, npz_bytes
 from pitcheck.trajectory import RunConfig, run
 
 FILES = [{"manifest.json": b'{"config": {}}\n', "metrics.csv": b"step\n" + b"".join(b"%d\n" % s for s in range(k + 1)),
@@ -129,7 +130,7 @@ def test_a_forked_child_makes_its_own_commit_thread(monkeypatch):
 
 
 def test_event_lines_encode_the_new_events_only_and_a_changed_list_whole():
-    from pitcheck.rundir import EventLines, events_bytes
+    from pitcheck.infra.rundir import EventLines, events_bytes
 
     lines = EventLines()
     events = [{"step": 1, "event": "a"}, {"step": 2, "event": "b"}]
@@ -149,7 +150,7 @@ def test_event_lines_encode_the_new_events_only_and_a_changed_list_whole():
 def test_a_stuck_runs_events_file_is_the_encoding_of_its_events(tmp_path):
     """The grid's stuck cell (fp64 cholqr, LM mix, seed 2): its hundreds of events, committed record by record
     through EventLines, are events_bytes of the run's whole list as it holds it."""
-    from pitcheck.rundir import events_bytes
+    from pitcheck.infra.rundir import events_bytes
     from pitcheck.trajectory import Trajectory
 
     config = RunConfig(precision="fp64", retraction="cholqr", vocab=128, dim=8, steps=900, seed=2,

@@ -14,10 +14,10 @@ import shutil
 import pytest
 
 from pitcheck import cli
-from pitcheck import sweep as sw
-from pitcheck.events import breakdown
-from pitcheck.policy import get_policy
-from pitcheck.rundir import events_bytes, read_events
+from pitcheck.verbs import compare as sw
+from pitcheck.trajectory.events import breakdown
+from pitcheck.numerics.policy import get_policy
+from pitcheck.infra.rundir import events_bytes, read_events
 
 RETRACTIONS = ["qr", "polar", "cholqr2"]
 GRID = {"steps": 40, "records_per_decade": 10,
@@ -178,7 +178,7 @@ def test_a_summary_written_before_breakdowns_had_causes_reads_as_it_was_judged(t
     row.update(retraction="qr", precision="fp32", adversary="gaussian", optimizer="sgd", head="pit", breakdowns=3,
                breakdowns_T=1)
     old = [k for k in sw.SUMMARY_COLUMNS if k not in ("breakdowns_own", "not_judged")]
-    from pitcheck.sweep.summary import summary_csv
+    from pitcheck.verbs.compare.summary import summary_csv
 
     (tmp_path / "summary.csv").write_bytes(summary_csv([row], old))
     (r,) = sw.read_summary(tmp_path / "summary.csv")

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from pitcheck.errors import PitcheckError
-from pitcheck.pretrained.conversion import Conversion, certify, convert_table, error_bound, measure, verdict
-from pitcheck.reference import cholesky_factor, spd_with_condition
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.sources.pretrained.conversion import Conversion, certify, convert_table, error_bound, measure, verdict
+from pitcheck.numerics.reference import cholesky_factor, spd_with_condition
 
 
 def table(vocab=600, dim=24, cond=90.0, seed=0):
@@ -84,7 +84,7 @@ def _convert_args(*argv):
 
 def test_convert_verb_writes_z_l_and_the_certificate(tmp_path, capsys):
     safetensors = pytest.importorskip("safetensors.numpy")
-    from pitcheck.pretrained.conversion import read_converted
+    from pitcheck.sources.pretrained.conversion import read_converted
 
     E0 = table()
     np.save(tmp_path / "e0.npy", E0)

@@ -1,15 +1,15 @@
-"""Draws kept from one batch to the next (pitcheck.draw_memo): the same gradient bytes whether the draws were
+"""Draws kept from one batch to the next (pitcheck.model.draw_memo): the same gradient bytes whether the draws were
 made now or kept, never another cell's, step's or shape's draws, and nothing kept past the budget."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pitcheck import draw_memo
-from pitcheck.draw_memo import DrawMemo
-from pitcheck.gradients import AdversaryParams, gradient
-from pitcheck.reference import random_memory
-from pitcheck.stacked_gradients import stacked_gradients
+from pitcheck.model import draw_memo
+from pitcheck.model.draw_memo import DrawMemo
+from pitcheck.model.gradients import AdversaryParams, gradient
+from pitcheck.numerics.reference import random_memory
+from pitcheck.model.stacked_gradients import stacked_gradients
 
 LM = ["dense_output", "sparse_input"]
 
@@ -18,7 +18,7 @@ LM = ["dense_output", "sparse_input"]
 def memo(monkeypatch):
     fresh = DrawMemo()
     monkeypatch.setattr(draw_memo, "MEMO", fresh)
-    monkeypatch.setattr("pitcheck.stacked_gradients.MEMO", fresh)
+    monkeypatch.setattr("pitcheck.model.stacked_gradients.MEMO", fresh)
     return fresh
 
 

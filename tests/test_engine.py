@@ -1,4 +1,4 @@
-"""pitcheck.engine and the parts it steps with (amp: loss scaling, optim: the optimizers, backend: the
+"""pitcheck.model.engine and the parts it steps with (amp: loss scaling, optim: the optimizers, backend: the
 array backends, the PIT head's step): each optimizer's step against a hand computation, fp16 loss
 scaling (unscaled gradients, halving on overflow, doubling after 2000 clean steps), the softplus chain
 rule of L's diagonal, the Riemannian step (direction re-projected onto the tangent space before the
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck import amp, optim
-from pitcheck.arrays import NumpyOps, TorchOps
-from pitcheck.engine import Engine, StateBreakdown, StepSettings, resolve_device
-from pitcheck.errors import PitcheckError
-from pitcheck.formats import FORMATS
-from pitcheck.policy import Policy, get_policy
-from pitcheck.reference import embedding_matrix, softplus_inverse
+from pitcheck.model import amp, optim
+from pitcheck.numerics.arrays import NumpyOps, TorchOps
+from pitcheck.model.engine import Engine, StateBreakdown, StepSettings, resolve_device
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.numerics.formats import FORMATS
+from pitcheck.numerics.policy import Policy, get_policy
+from pitcheck.numerics.reference import embedding_matrix, softplus_inverse
 
 # Z: orthonormal 4 x 2 with exact entries; L: lower, positive diagonal
 Z0 = np.array([[0.6, 0.0], [0.0, 0.8], [0.8, 0.0], [0.0, 0.6]])
@@ -531,7 +531,7 @@ def test_interface_of_a_healthy_model_and_of_one_whose_embedding_overflowed():
 
 # ---- gradients from the models and an attached source -------------------------------------------------
 def test_model_gradients_are_those_of_the_named_models_at_the_stored_model():
-    from pitcheck.gradients import AdversaryParams, gradient
+    from pitcheck.model.gradients import AdversaryParams, gradient
 
     eng = _engine()
     params = AdversaryParams()
@@ -544,7 +544,7 @@ def test_model_gradients_are_those_of_the_named_models_at_the_stored_model():
 # the source's name sorts after every model's name, or before them all: the rest is found by name, not by order
 @pytest.mark.parametrize("source_name", ["zsource", "Asource"])
 def test_an_attached_source_adds_its_gradient_to_the_rest(source_name):
-    from pitcheck.gradients import AdversaryParams, gradient
+    from pitcheck.model.gradients import AdversaryParams, gradient
 
     class Source:
         name = source_name
@@ -737,7 +737,7 @@ def test_interface_fallback_measures_the_trisolve_on_its_256_sampled_rows():
     """Two rows of E overflow fp16, rows outside the 256 evenly spaced rows that are sampled (one inside
     the 255, one inside the 257 that are not): the head metrics are undefined, the trisolve metrics are
     those of the sample."""
-    from pitcheck.metrics import sample_ids, trisolve_errors
+    from pitcheck.numerics.metrics import sample_ids, trisolve_errors
 
     V = 300
     s255, s256, s257 = (set(sample_ids(V, n).tolist()) for n in (255, 256, 257))

@@ -1,4 +1,4 @@
-"""The run's events (pitcheck/events.py): their kinds, which of them skip a step, the rules that turn a
+"""The run's events (pitcheck/trajectory/events.py): their kinds, which of them skip a step, the rules that turn a
 recorded row into events (exact values, no run), and, through the public run API, that each level of a
 metric is reported once, at the first recorded row above it."""
 import json
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from pitcheck.events import (SKIPS_STEP, THRESHOLDS, EventKind, breakdown, ends_run, malformed, raised_by,
+from pitcheck.trajectory.events import (SKIPS_STEP, THRESHOLDS, EventKind, breakdown, ends_run, malformed, raised_by,
                              row_events, skipped_steps_by_event, skips_step)
-from pitcheck.rundir import read_events
+from pitcheck.infra.rundir import read_events
 from pitcheck.trajectory import RunConfig, run
 
 METRICS = ["orthonormality", "pinv_drift", "cond_T", "breakdown_margin", "trisolve_forward"]
@@ -68,7 +68,7 @@ def test_a_breakdown_event_and_the_one_that_ends_a_run():
 def test_a_breakdown_names_the_part_that_broke_and_the_sweep_counts_T_by_it():
     """The part (heads.StateBreakdown.part) is written when known; the sweep counts T breakdowns by it, and
     an event written before breakdowns had a part by its reason's wording."""
-    from pitcheck.sweep.summary import breaks_T
+    from pitcheck.verbs.compare.summary import breaks_T
 
     t = breakdown("L's diagonal reached 0 at row 3", "T")
     assert list(t) == ["event", "reason", "part", "action"] and t["part"] == "T"

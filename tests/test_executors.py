@@ -1,4 +1,4 @@
-"""pitcheck.executors: any function over any tasks; the local pool keeps every core busy with pinned threads;
+"""pitcheck.infra.executors: any function over any tasks; the local pool keeps every core busy with pinned threads;
 Ray gives identical results."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pitcheck import executors
-from pitcheck import sweep as sw
-from pitcheck.errors import PitcheckError
-from pitcheck.sweep.cells import needs_gpu
+from pitcheck.infra import executors
+from pitcheck.verbs import compare as sw
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.verbs.compare.cells import needs_gpu
 
 GRID = """
 steps = 40

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, cli, rundir
-from pitcheck.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
+from pitcheck import PitcheckError, cli
+from pitcheck.infra import rundir
+from pitcheck.infra.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
 from tests.helpers import damage_run_file
 from pitcheck.trajectory import RunConfig, run, skipped_steps
 
@@ -184,7 +185,7 @@ def test_damaged_files_are_refused_in_one_line(capsys, copy_of, name, how, legac
 
 def test_a_second_writer_is_told_who_holds_the_directory(tmp_path, capsys):
     d = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pitcheck.rundir import RunDir\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pitcheck.infra.rundir import RunDir\n"
                                "s = RunDir(sys.argv[1]).open(); print('locked', flush=True); time.sleep(60)", str(d)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -295,8 +296,8 @@ def test_bad_numbers_are_one_line_errors(tmp_path, capsys, argv, message):
 
 
 def test_a_state_that_underflows_its_storage_is_degenerate():
-    from pitcheck.engine import Engine
-    from pitcheck.policy import get_policy
+    from pitcheck.model.engine import Engine
+    from pitcheck.numerics.policy import get_policy
 
     engine = Engine("torch", get_policy("fp16"), RunConfig().settings(), "cpu")
     engine.initialise(np.eye(8, 2), np.diag([1.0, 1e-9]))  # 1e-9 rounds to 0 in fp16
@@ -516,7 +517,7 @@ def test_a_bad_input_scale_is_one_line_not_a_run_that_skips_every_step(tmp_path,
     ({"batch": 2.5}, "adversary_params.batch must be a positive integer"),
 ])
 def test_adversary_parameters_out_of_range_are_refused(params, message):
-    from pitcheck.gradients import AdversaryParams
+    from pitcheck.model.gradients import AdversaryParams
 
     with pytest.raises(PitcheckError, match=message):
         RunConfig(vocab=64, dim=4, steps=3, adversary_params=AdversaryParams(**params)).validate()

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pitcheck import PitcheckError
-from pitcheck.formats import (FORMATS, VALIDATED, Format, e8m0_decode, e8m0_encode, format_of_dtype, get_format,
+from pitcheck.numerics.formats import (FORMATS, VALIDATED, Format, e8m0_decode, e8m0_encode, format_of_dtype, get_format,
                               overflow_threshold, round_to, validator_dtypes)
 
 

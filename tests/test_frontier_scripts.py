@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pitcheck import retractions as R
+from pitcheck.model import retractions as R
 from pitcheck.trajectory.config import RunConfig
 
 pytest.importorskip("torch")

@@ -1,6 +1,6 @@
 """The gradient stream is the same bits after its throughput work (issue 16 item 2): every committed result
 depends on it. The pre-change code of the touched models is kept here, written plainly (rng.choice with p,
-scipy.linalg.cho_solve, np.sqrt(np.prod(shape)), a zeros-started sum), and pitcheck.gradients must match it
+scipy.linalg.cho_solve, np.sqrt(np.prod(shape)), a zeros-started sum), and pitcheck.model.gradients must match it
 bit for bit (signed zeros included: the bytes are compared) over thousands of (seed, step) pairs, at several
 shapes, a non-identity factor and non-default parameters, and must leave each component's rng where the old
 code left it (the draws after it do not shift). Non-finite input must still raise where it raised."""
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-import pitcheck.lm  # noqa: F401  (registers "lm", which the all-models check leaves out)
-from pitcheck import gradients as G
-from pitcheck.gradients import GRADIENT_MODELS, AdversaryParams, gradient
+import pitcheck.sources.lm  # noqa: F401  (registers "lm", which the all-models check leaves out)
+from pitcheck.model import gradients as G
+from pitcheck.model.gradients import GRADIENT_MODELS, AdversaryParams, gradient
 
 
 # ---- the reference: the pre-change code ----------------------------------------------------------------

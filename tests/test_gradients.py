@@ -1,4 +1,4 @@
-"""pitcheck.gradients: the gradient models, seeded, shaped, and each doing what its name says (with a case it
+"""pitcheck.model.gradients: the gradient models, seeded, shaped, and each doing what its name says (with a case it
 must not do); each loss-derived model's output against a float64 central difference of the loss it claims
 to be the gradient of (error in units of the difference's own truncation error); each synthetic model's
 exact construction from its seeded stream (mirrored draw by draw); the parameters each model reads."""
@@ -8,19 +8,19 @@ import math
 import numpy as np
 import pytest
 
-from pitcheck import gradients as G
-from pitcheck.errors import PitcheckError
-from pitcheck.gradients import (GRADIENT_MODELS, MODEL_PARAMETERS, AdversaryParams, check_adversary_params,
+from pitcheck.model import gradients as G
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.model.gradients import (GRADIENT_MODELS, MODEL_PARAMETERS, AdversaryParams, check_adversary_params,
                                 default_params, gradient, parse_adversary, register)
-from pitcheck.metrics import drift_bound
-from pitcheck.retractions import tangent_projection
+from pitcheck.numerics.metrics import drift_bound
+from pitcheck.model.retractions import tangent_projection
 from tests.helpers import pit_pair
 
 U = 2.0**-53
 PARAMS = AdversaryParams()
 
 
-import pitcheck.lm  # noqa: E402,F401  (registers "lm" whatever the collection order)
+import pitcheck.sources.lm  # noqa: E402,F401  (registers "lm" whatever the collection order)
 
 # adaptive picks among the others; lm has state (its body), tested in test_lm.py
 STATELESS = [n for n in GRADIENT_MODELS if n not in ("adaptive", "lm")]
@@ -536,7 +536,7 @@ def test_registering_a_parameter_that_does_not_exist_is_refused():
 def test_zipf_ids_from_cached_probabilities_are_the_uncached_draws():
     """The cached p (issue 16: V powers a call were a third of a small step's id draw) draws the ids the
     formula recomputed each call draws, from the same generator state; and nobody can write into it."""
-    from pitcheck.gradients import _zipf_ids, _zipf_probabilities
+    from pitcheck.model.gradients import _zipf_ids, _zipf_probabilities
 
     for V, s in ((7, 1.0), (2048, 1.1), (50000, 1.3)):
         w = 1.0 / np.arange(1, V + 1) ** s
@@ -552,8 +552,8 @@ def test_an_overflowed_state_gives_nonfinite_gradients_without_numpy_warnings():
     # a run records them as an event (a skipped step); numpy's warnings would be noise on its progress bar
     import warnings
 
-    from pitcheck.gradients import AdversaryParams, gradient
-    from pitcheck.reference import random_memory
+    from pitcheck.model.gradients import AdversaryParams, gradient
+    from pitcheck.numerics.reference import random_memory
 
     Z = random_memory(32, 4, np.random.default_rng(0))
     L = 1e200 * np.eye(4)  # T = L L^T overflows: the logits are inf - inf

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from pitcheck import PitcheckError, cli
-from pitcheck.engine import Engine, StepSettings
-from pitcheck.heads import HEADS, PIT_ONLY, get_head
-from pitcheck.policy import get_policy
-from pitcheck.rundir import read_metrics
+from pitcheck.model.engine import Engine, StepSettings
+from pitcheck.model.heads import HEADS, PIT_ONLY, get_head
+from pitcheck.numerics.policy import get_policy
+from pitcheck.infra.rundir import read_metrics
 from pitcheck.trajectory import RunConfig, run
 
 BASE = dict(vocab=400, dim=8, steps=200, adversary="gaussian,dense_output", lr=0.05)
@@ -88,9 +88,9 @@ def _never(*args, **kw):
 @pytest.mark.parametrize("reference", ["lm", "gaussian,lm", "adaptive+lm", "gaussian+lm"])
 def test_heads_reference_of_the_lm_source_is_refused_before_running(tmp_path, reference, monkeypatch, capsys):
     """Its cells were labelled 'lm' and mixed into the real-training table."""
-    import pitcheck.sweep
+    import pitcheck.verbs.compare
 
-    monkeypatch.setattr(pitcheck.sweep, "compare", _never)
+    monkeypatch.setattr(pitcheck.verbs.compare, "compare", _never)
     assert cli.main(["heads", "--reference", reference, "--out", str(tmp_path / "h"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--reference" in err[0] and "lm" in err[0]
@@ -98,9 +98,9 @@ def test_heads_reference_of_the_lm_source_is_refused_before_running(tmp_path, re
 
 
 def test_heads_outputs_that_cannot_be_written_are_refused_before_running(tmp_path, monkeypatch, capsys):
-    import pitcheck.sweep
+    import pitcheck.verbs.compare
 
-    monkeypatch.setattr(pitcheck.sweep, "compare", _never)
+    monkeypatch.setattr(pitcheck.verbs.compare, "compare", _never)
     (tmp_path / "h" / "heads.csv").mkdir(parents=True)
     assert cli.main(["heads", "--reference", "none", "--out", str(tmp_path / "h"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,14 +1,14 @@
-"""pitcheck.lm.heads_study: the library of `pitcheck heads` refuses bad input with PitcheckError before any
-cell runs, and takes the heads' names from pitcheck.heads. (The command run end to end: test_lm.py.)"""
+"""pitcheck.verbs.heads: the library of `pitcheck heads` refuses bad input with PitcheckError before any
+cell runs, and takes the heads' names from pitcheck.model.heads. (The command run end to end: test_lm.py.)"""
 import argparse
 
 import pytest
 
-import pitcheck.sweep
+import pitcheck.verbs.compare
 from pitcheck import PitcheckError
 from pitcheck.cli import heads as heads_cli
-from pitcheck.heads import HEADS
-from pitcheck.lm import heads_study
+from pitcheck.model.heads import HEADS
+from pitcheck.verbs import heads as heads_study
 
 
 def _never(*args, **kw):
@@ -19,7 +19,7 @@ def _never(*args, **kw):
                                       (dict(vocab=100, dim=8), "--vocab in"),
                                       (dict(precisions=["fp7"]), "fp7")])
 def test_heads_raises_before_any_cell_runs(tmp_path, kw, what, monkeypatch):
-    monkeypatch.setattr(pitcheck.sweep, "compare", _never)
+    monkeypatch.setattr(pitcheck.verbs.compare, "compare", _never)
     with pytest.raises(PitcheckError, match=what) as info:
         heads_study.heads(tmp_path / "h", **kw)
     assert "error:" not in str(info.value)  # the CLI adds the prefix

@@ -27,7 +27,7 @@ orthonormality = 1.0
     (lambda out: pitcheck.run("x", out), "run: config must be a pitcheck.RunConfig, got str 'x'"),
     (lambda out: pitcheck.run(SMALL, None), "run: out must be a directory path"),
     (lambda out: pitcheck.run(SMALL, out, resume="yes"), "run: resume must be True or False"),
-    (lambda out: pitcheck.compare(out, "quick"), "compare: grid must be a pitcheck.sweep.Grid"),
+    (lambda out: pitcheck.compare(out, "quick"), "compare: grid must be a pitcheck.verbs.compare.Grid"),
     (lambda out: pitcheck.compare(None, "quick"), "compare: out must be a directory path"),
     (lambda out: pitcheck.bench(shapes="64x8"), "bench: shapes must be a list of \\(V, D\\) pairs"),
     (lambda out: pitcheck.bench(shapes=[64, 8]), "bench: each of shapes must be a \\(V, D\\) pair"),

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-import pitcheck.benchmark
+import pitcheck.verbs.bench.benchmark
 from pitcheck import cli
 from pitcheck.cli import stress as stress_cli
 from pitcheck.cli.common import check_writable
@@ -29,7 +29,7 @@ def _not_called(*args, **kwargs):
 
 
 def test_stress_refuses_an_output_that_cannot_be_created_before_any_run(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("pitcheck.scenarios.run_scenarios", _not_called)
+    monkeypatch.setattr("pitcheck.verbs.stress.run_scenarios", _not_called)
     f = tmp_path / "s.toml"
     f.write_text(TINY, encoding="utf-8")
     for option in ({"json": "/proc/x"}, {"junit": "/proc/x.xml"}, {"out": "/proc/x/runs"}):
@@ -39,7 +39,7 @@ def test_stress_refuses_an_output_that_cannot_be_created_before_any_run(tmp_path
 
 
 def test_bench_refuses_an_output_that_cannot_be_created_before_timing(capsys, monkeypatch):
-    monkeypatch.setattr(pitcheck.benchmark, "run_bench", _not_called)
+    monkeypatch.setattr(pitcheck.verbs.bench.benchmark, "run_bench", _not_called)
     for option in (["--json", "/proc/x"], ["--out", "/proc/x/bench"]):
         assert cli.main(["bench", "--shape", "64x8", "--rounds", "1", *option]) == 2
         err = capsys.readouterr().err.strip()
@@ -47,9 +47,9 @@ def test_bench_refuses_an_output_that_cannot_be_created_before_timing(capsys, mo
 
 
 def test_validate_refuses_an_output_that_cannot_be_created_before_judging(capsys, monkeypatch):
-    import pitcheck.validate
+    import pitcheck.verbs.validate
 
-    monkeypatch.setattr(pitcheck.validate, "validate", _not_called)
+    monkeypatch.setattr(pitcheck.verbs.validate, "validate", _not_called)
     for option in ("--json", "--report", "--junit"):
         assert cli.main(["validate", "tests/zoo/abort.py:make", option, "/proc/x"]) == 2
         err = capsys.readouterr().err.strip()

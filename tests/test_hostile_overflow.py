@@ -44,8 +44,8 @@ def test_mostly_skipped_counts_non_finite_skips_only_and_needs_more_than_half():
 
 def test_a_stress_scenario_whose_run_skipped_most_steps_is_broken_not_held(tmp_path):
     # the budgets would hold on numbers that are mostly the start's: the scenario is broken, saying why
-    from pitcheck.scenarios import load_scenarios
-    from pitcheck.scenarios.runner import run_scenario
+    from pitcheck.verbs.stress import load_scenarios
+    from pitcheck.verbs.stress.runner import run_scenario
 
     path = tmp_path / "s.toml"
     path.write_text('[scenario.overflow]\nadversary = "sparse_input"\noptimizer = "adam"\nlr = 100.0\n'

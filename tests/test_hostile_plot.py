@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from pitcheck import PitcheckError
-from pitcheck.plot import plot_runs
+from pitcheck.verbs.plot import plot_runs
 from pitcheck.trajectory import RunConfig, run
 
 

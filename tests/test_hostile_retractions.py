@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from pitcheck import PitcheckError
-from pitcheck.arrays import NumpyOps, TorchOps
-from pitcheck.batched_retractions import STACKED_RETRACTIONS, StackedOps
-from pitcheck.retractions import RETRACTIONS, retract_qr
+from pitcheck.numerics.arrays import NumpyOps, TorchOps
+from pitcheck.model.batched_retractions import STACKED_RETRACTIONS, StackedOps
+from pitcheck.model.retractions import RETRACTIONS, retract_qr
 
 
 @pytest.mark.parametrize("name", list(RETRACTIONS))

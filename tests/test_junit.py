@@ -1,7 +1,7 @@
-"""pitcheck.junit: the one JUnit XML writer (stress uses it; any verb may)."""
+"""pitcheck.infra.junit: the one JUnit XML writer (stress uses it; any verb may)."""
 from xml.etree import ElementTree as ET
 
-from pitcheck.junit import ERROR, FAILURE, SKIPPED, Case, Outcome, Suite, junit_xml, xml_text
+from pitcheck.infra.junit import ERROR, FAILURE, SKIPPED, Case, Outcome, Suite, junit_xml, xml_text
 
 
 def test_counts_on_each_suite_and_in_all_on_the_root():
@@ -41,8 +41,8 @@ def test_validate_junit_goes_through_the_one_writer_and_parses_with_control_char
     characters into the file raw: a document no XML parser reads)."""
     import xml.etree.ElementTree as ET
 
-    from pitcheck.validate.checks import CheckResult
-    from pitcheck.validate.result import ValidationResult
+    from pitcheck.verbs.validate.checks import CheckResult
+    from pitcheck.verbs.validate.result import ValidationResult
 
     result = ValidationResult("m:f", "float32", "cpu", 8, 2, 3, 0, seconds=1.5, checks=[
         CheckResult("penrose", "pass"), CheckResult("contract", "fail", 3.0, 1.0, reason="bad\x02 <y>"),

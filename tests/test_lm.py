@@ -1,4 +1,4 @@
-"""The lm gradient source (pitcheck.lm): real text, a held-out split, a tiny causal LM whose embedding and head
+"""The lm gradient source (pitcheck.sources.lm): real text, a held-out split, a tiny causal LM whose embedding and head
 are the run's PIT interface (or a tied or untied baseline), losses beside the interface metrics, the shadow
 replaying the same batches, resume byte-identical after a kill, the heads comparison and the teacher.
 
@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from pitcheck.cli import main
-from pitcheck.errors import PitcheckError
-from pitcheck.gradients import AdversaryParams
-from pitcheck.lm import LMParams, lm_params
-from pitcheck.lm.corpus import MAX_VOCAB, MIN_VOCAB, load_corpus, split_text
-from pitcheck.lm.model import Head, LMSource
-from pitcheck.policy import get_policy
-from pitcheck.rundir import LOSS_COLUMNS, read_metrics
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.model.gradients import AdversaryParams
+from pitcheck.sources.lm import LMParams, lm_params
+from pitcheck.sources.lm.corpus import MAX_VOCAB, MIN_VOCAB, load_corpus, split_text
+from pitcheck.sources.lm.model import Head, LMSource
+from pitcheck.numerics.policy import get_policy
+from pitcheck.infra.rundir import LOSS_COLUMNS, read_metrics
 from pitcheck.trajectory import RunConfig, Trajectory, initial_state, make_engine, run
 
 SMALL = LMParams(seq_len=16, sequences=4, layers=1, body_lr=3e-3, eval_sequences=8)
@@ -49,7 +49,7 @@ def test_corpus_split_vocabulary_sizes_and_determinism():
         assert c.train.max() < vocab and c.heldout.max() < vocab and c.train.min() >= 0
         assert len(c.pieces) == vocab and len(set(c.pieces)) == vocab  # every token a distinct byte string
         assert c.decode(c.heldout) == held  # byte-level: the held-out text round-trips exactly
-    from pitcheck.lm.corpus import _bpe_corpus
+    from pitcheck.sources.lm.corpus import _bpe_corpus
 
     _bpe_corpus.cache_clear()
     assert np.array_equal(load_corpus(1024).train, load_corpus(1024).train)
@@ -108,8 +108,8 @@ def test_cli_bad_lm_input_is_one_line(tmp_path, capsys):
 
 # ---- the model ---------------------------------------------------------------------------------------
 def test_pit_head_matches_the_reference_module():
-    from pitcheck.nn import PIT
-    from pitcheck.reference import softplus_inverse
+    from pitcheck.model.nn import PIT
+    from pitcheck.numerics.reference import softplus_inverse
 
     config = lm_config(cond=10.0)
     engine = engine_for(config)
@@ -210,7 +210,7 @@ def test_shadow_replays_the_same_batches(tmp_path):
 def _as_older_pitcheck(d):
     """Rewrite a finished lm run as an older pitcheck wrote it: metrics.csv without the loss columns, the
     losses a series in the manifest."""
-    from pitcheck.rundir import METRIC_COLUMNS, RunDir, manifest_bytes
+    from pitcheck.infra.rundir import METRIC_COLUMNS, RunDir, manifest_bytes
 
     rows = read_metrics(d / "metrics.csv")
     with RunDir(d) as store:
@@ -241,7 +241,7 @@ def test_checkpoint_holds_the_body_and_an_older_directory_resumes_to_the_same_fi
     # must fail: an older directory whose manifest losses do not match its rows, and a current one with a
     # loss cell emptied
     _as_older_pitcheck(tmp_path / "old")
-    from pitcheck.rundir import RunDir, manifest_bytes
+    from pitcheck.infra.rundir import RunDir, manifest_bytes
 
     with RunDir(tmp_path / "old") as store:
         manifest = store.read_manifest()
@@ -300,7 +300,7 @@ def test_heads_command_writes_table_and_plot(tmp_path, capsys):
 
 
 def test_compare_grid_names_lm_like_any_adversary():
-    from pitcheck.sweep import cells, grid_from_dict
+    from pitcheck.verbs.compare import cells, grid_from_dict
 
     grid = grid_from_dict({"steps": 10, "axes": {"adversary": ["lm", "gaussian"], "head": ["pit", "tied"],
                                                  "shape": ["256x8"]},
@@ -324,7 +324,7 @@ def _write_safetensors(path, tensors):
     ("", "name the teacher's tensor"), (":nope", "has no tensor 'nope'"), (":bias", "must be 2-D"),
     (":ids", "real floating-point tensor"), (":emb", None)])
 def test_safetensors_teacher(tmp_path, suffix, message):
-    from pitcheck.reference import polar_memory
+    from pitcheck.numerics.reference import polar_memory
     from pitcheck.trajectory import load_teacher, teacher_shape
 
     g = torch.Generator().manual_seed(0)
@@ -387,7 +387,7 @@ def _toy_wordpiece(tmp_path):
     and as '##' continuation (so every word has pieces)."""
     from collections import Counter
 
-    from pitcheck.lm.corpus import basic_words
+    from pitcheck.sources.lm.corpus import basic_words
 
     words = basic_words(split_text()[0])
     chars = sorted({c for w in words for c in w})
@@ -399,7 +399,7 @@ def _toy_wordpiece(tmp_path):
 
 
 def test_wordpiece_pieces_and_words():
-    from pitcheck.lm.corpus import basic_words, wordpiece_ids
+    from pitcheck.sources.lm.corpus import basic_words, wordpiece_ids
 
     assert basic_words("Héllo, World!\tx=1") == ["hello", ",", "world", "!", "x", "=", "1"]
     index = {t: i for i, t in enumerate(["[UNK]", "un", "##aff", "##able", "a", "##b"])}
@@ -409,7 +409,7 @@ def test_wordpiece_pieces_and_words():
 
 
 def test_wordpiece_vocabulary_and_teacher_rows(tmp_path):
-    from pitcheck.reference import polar_memory
+    from pitcheck.numerics.reference import polar_memory
 
     path, tokens = _toy_wordpiece(tmp_path)
     vocabulary = f"wordpiece:{path}"

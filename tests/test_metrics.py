@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitcheck import PitcheckError, metrics, reference
+from pitcheck import PitcheckError
+from pitcheck.numerics import metrics, reference
 from tests.helpers import pit_pair
 
 U = 2.0**-53
@@ -702,7 +703,7 @@ def test_condition_number_falls_back_where_divide_and_conquer_fails(monkeypatch)
 
 def test_ratios_is_ratio_elementwise_bit_for_bit():
     """trisolve_errors' per-row ratios in one pass: the values (and the refusal) of _ratio row by row."""
-    from pitcheck.metrics import _ratio, _ratios
+    from pitcheck.numerics.metrics import _ratio, _ratios
 
     num = np.array([1.0, 0.0, 0.0, 3e-300, np.inf, 2.0, 0.0, 5.0])
     den = np.array([3.0, 0.0, np.nan, 7e-10, np.inf, 1e-310, 4.0, 6.0])

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck import PitcheckError, metrics, reference
+from pitcheck import PitcheckError
+from pitcheck.numerics import metrics, reference
 from tests.helpers import pit_pair
 
 U = 2.0**-53

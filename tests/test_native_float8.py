@@ -1,6 +1,6 @@
-"""pitcheck.native_float8: torch's float8 casts and _scaled_mm against the bit-exact emulation.
+"""pitcheck.numerics.native_float8: torch's float8 casts and _scaled_mm against the bit-exact emulation.
 
-The element casts must agree bit for bit with pitcheck.formats.round_to on float32 input (every finite
+The element casts must agree bit for bit with pitcheck.numerics.formats.round_to on float32 input (every finite
 value, every midpoint and its float32 neighbours, overflow, infinities, NaN); the scaled operands must
 equal the emulation exactly for power-of-two scales and equal its fp32-product model otherwise; the GEMM
 must stay within gamma_n u_fp32 |A||W|^T of the float64 product of the same dequantised operands.
@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pitcheck.errors import PitcheckError  # noqa: E402
-from pitcheck.formats import FORMATS, round_to  # noqa: E402
-from pitcheck.native_float8 import cast, gemm_error_bound, quantise, scaled_mm  # noqa: E402
-from pitcheck.scaling import fake_quant  # noqa: E402
+from pitcheck.infra.errors import PitcheckError  # noqa: E402
+from pitcheck.numerics.formats import FORMATS, round_to  # noqa: E402
+from pitcheck.numerics.native_float8 import cast, gemm_error_bound, quantise, scaled_mm  # noqa: E402
+from pitcheck.numerics.scaling import fake_quant  # noqa: E402
 
 ELEMENTS = ("fp8-e4m3", "fp8-e5m2")
 
@@ -103,8 +103,8 @@ def test_fp32_scales_give_the_fp32_product_rounded_once_more(recipe):
     emulated = fake_quant(x, recipe)
     divisor = scales.repeat_interleave(length, dim=1)[:, :260] if per_row else scales
     if recipe == "tensor-current":
-        from pitcheck.native_float8 import _tensor_encode_scale
-        from pitcheck.scaling import get_recipe
+        from pitcheck.numerics.native_float8 import _tensor_encode_scale
+        from pitcheck.numerics.scaling import get_recipe
 
         product = x * _tensor_encode_scale(get_recipe(recipe), x)  # fp32, as the hardware forms it
     else:
@@ -148,7 +148,7 @@ def test_scaled_mm_is_the_dequantised_product_to_fp32_accumulation(pair, shape):
 
 def test_mx_scaled_mm_matches_the_emulated_head_to_accumulation():
     """With power-of-two scales the native operands are the emulation's: the native GEMM is
-    pitcheck.placement's float64 FP8 head up to fp32 accumulation."""
+    pitcheck.numerics.placement's float64 FP8 head up to fp32 accumulation."""
     a, w = _operand(40, 96, 5), _operand(24, 96, 6)
     exact = (fake_quant(a, "mxfp8") @ fake_quant(w, "mxfp8").T).numpy()
     bound = gemm_error_bound(fake_quant(a, "mxfp8").numpy(), fake_quant(w, "mxfp8").numpy(), 32)
@@ -164,8 +164,8 @@ def test_blocks_of_different_lengths_are_refused():
 def test_placement_through_takes_the_native_path_with_the_emulations_values(recipe, monkeypatch):
     """What a CUDA run's copies of Z and L go through (placement.through, native for CUDA tensors), forced
     on the CPU: the emulation's values (a float32 master, so the operand is exact in fp32)."""
-    from pitcheck import native_float8
-    from pitcheck.placement import through
+    from pitcheck.numerics import native_float8
+    from pitcheck.numerics.placement import through
 
     calls = []
     real = native_float8.fake_quant
@@ -180,8 +180,8 @@ def test_placement_through_takes_the_native_path_with_the_emulations_values(reci
 
 
 def test_placement_through_falls_back_to_the_emulation_without_a_native_path():
-    from pitcheck.native_float8 import has_native_path
-    from pitcheck.placement import through
+    from pitcheck.numerics.native_float8 import has_native_path
+    from pitcheck.numerics.placement import through
 
     x = _operand(32, 64, 8).double()
     for recipe in ("nvfp4", "mxfp4", "tensor-delayed"):
@@ -200,7 +200,7 @@ def test_gemm_error_bound_in_closed_form():
 
 def test_scaled_mm_hands_torch_padded_shapes_and_a_column_major_second_operand(monkeypatch):
     """The CUDA kernels need every dimension a multiple of 16 and mat2 column-major: each call checked."""
-    from pitcheck import native_float8
+    from pitcheck.numerics import native_float8
 
     assert native_float8.GEMM_MULTIPLE == 16
     calls, real = [], torch._scaled_mm

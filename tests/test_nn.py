@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck import nn, reference
+from pitcheck import nn
+from pitcheck.numerics import reference
 from tests.helpers import pit_pair
 
 V, D = 96, 8

@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pitcheck import nn
-from pitcheck.nn_sharded import ShardedPIT, gather_logits, make_sharded
-from pitcheck.sharded import ShardedPool, orthonormality, pit_pinv_drift, replica_spread, shard_distance
+from pitcheck.model.nn_sharded import ShardedPIT, gather_logits, make_sharded
+from pitcheck.model.sharded import ShardedPool, orthonormality, pit_pinv_drift, replica_spread, shard_distance
 from tests.sharded_zoo import copy_padding, floor_slices, local_retraction, unsynced_grad
 from tests.test_sharded import bound_u
 

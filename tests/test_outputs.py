@@ -10,9 +10,9 @@ import pytest
 
 import pitcheck
 from pitcheck import cli
-from pitcheck.validate import CheckResult, ValidationResult
+from pitcheck.verbs.validate import CheckResult, ValidationResult
 
-VALIDATE = importlib.import_module("pitcheck.validate")
+VALIDATE = importlib.import_module("pitcheck.verbs.validate")
 
 
 def _canned(target, dtype, **kw):

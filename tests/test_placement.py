@@ -1,14 +1,15 @@
-"""Placements (pitcheck.placement): 8- and 4-bit formats on PIT's tensors, in the engine, the metrics and the
+"""Placements (pitcheck.numerics.placement): 8- and 4-bit formats on PIT's tensors, in the engine, the metrics and the
 floors. Each test fails if the placement's quantisation it covers is skipped (planted one-line bugs, each
 seen red before this suite was trusted)."""
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, heads
-from pitcheck.engine import Engine, StepSettings
-from pitcheck.placement import PLACEMENTS, get_placement, quantised_head, stored_copy, through
-from pitcheck.policy import POLICIES, get_policy
-from pitcheck.sweep import storage_floor
+from pitcheck import PitcheckError
+from pitcheck.model import heads
+from pitcheck.model.engine import Engine, StepSettings
+from pitcheck.numerics.placement import PLACEMENTS, get_placement, quantised_head, stored_copy, through
+from pitcheck.numerics.policy import POLICIES, get_policy
+from pitcheck.verbs.compare import storage_floor
 from pitcheck.trajectory import RunConfig, run
 
 pytest.importorskip("torch")
@@ -162,7 +163,7 @@ def test_a_placed_run_resumes_with_identical_results(tmp_path, monkeypatch):
 def test_compare_report_ranks_the_placements_by_the_tie():
     """report.md's 'Placements ranked': each precision at its best retraction, by ||W E - I||_F; the tie holds
     within the drift bound, breaks beyond it, and a floor above 0.1 is inconclusive; no placement, no section."""
-    from pitcheck.sweep.report import placement_lines
+    from pitcheck.verbs.compare.report import placement_lines
 
     def row(precision, retraction, drift, bound, ortho, floor):
         return {"precision": precision, "retraction": retraction, "final_pinv_drift": drift, "drift_bound": bound,

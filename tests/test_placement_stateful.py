@@ -1,4 +1,4 @@
-"""Stateful placements (pitcheck.quantisers): delayed scaling's amax histories and seeded stochastic rounding
+"""Stateful placements (pitcheck.numerics.quantisers): delayed scaling's amax histories and seeded stochastic rounding
 in real runs. Each test fails on a planted one-line bug in the quantisers or the engine (the plants are
 listed in results/fp8/STATEFUL.md)."""
 import signal
@@ -6,13 +6,14 @@ import signal
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, heads
-from pitcheck.engine import Engine, StepSettings
-from pitcheck.formats import FORMATS, round_to
-from pitcheck.placement import Placement, get_placement, quantised_head
-from pitcheck.policy import get_policy
-from pitcheck.quantisers import LOGITS_ROLES, Quantisers, stochastic_rng
-from pitcheck.scaling import TensorDelayed, get_recipe
+from pitcheck import PitcheckError
+from pitcheck.model import heads
+from pitcheck.model.engine import Engine, StepSettings
+from pitcheck.numerics.formats import FORMATS, round_to
+from pitcheck.numerics.placement import Placement, get_placement, quantised_head
+from pitcheck.numerics.policy import get_policy
+from pitcheck.numerics.quantisers import LOGITS_ROLES, Quantisers, stochastic_rng
+from pitcheck.numerics.scaling import TensorDelayed, get_recipe
 from pitcheck.trajectory import RunConfig, run
 
 pytest.importorskip("torch")

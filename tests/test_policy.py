@@ -1,11 +1,11 @@
-"""pitcheck.policy: where every quantity of a PIT model lives, one row per policy."""
+"""pitcheck.numerics.policy: where every quantity of a PIT model lives, one row per policy."""
 import dataclasses
 
 import pytest
 
-from pitcheck.errors import PitcheckError
-from pitcheck.formats import FORMATS
-from pitcheck.policy import POLICIES, Policy, get_policy
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.numerics.formats import FORMATS
+from pitcheck.numerics.policy import POLICIES, Policy, get_policy
 
 # name: storage, master, factor, matmul, gradient, loss scaling; u; mixed
 # torch has no half-precision factorisation: every half policy factorises in fp32

@@ -1,4 +1,4 @@
-"""pitcheck.pretrained.study's files: the committed smollm2.csv reads back into the curves that wrote it,
+"""pitcheck.sources.pretrained.study's files: the committed smollm2.csv reads back into the curves that wrote it,
 so a figure can draw another precision's study beside this one's (scripts/smollm2_study.py --also)."""
 import math
 
@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("torch")
 from pitcheck import PitcheckError  # noqa: E402
-from pitcheck.pretrained.continued import COLUMNS  # noqa: E402
-from pitcheck.pretrained.study import read_summary, summary_csv  # noqa: E402
+from pitcheck.sources.pretrained.continued import COLUMNS  # noqa: E402
+from pitcheck.sources.pretrained.study import read_summary, summary_csv  # noqa: E402
 
 
 def test_a_study_csv_reads_back_exactly(tmp_path):

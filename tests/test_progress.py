@@ -1,8 +1,8 @@
-"""The one progress bar (pitcheck/progress.py): drawn on stderr when enabled, the total once."""
+"""The one progress bar (pitcheck/infra/progress.py): drawn on stderr when enabled, the total once."""
 import pytest
 
-from pitcheck import progress
-from pitcheck.progress import Progress, hms
+from pitcheck.infra import progress
+from pitcheck.infra.progress import Progress, hms
 
 
 def test_a_bar_draws_its_label_count_and_the_total_once(capsys):

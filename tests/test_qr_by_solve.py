@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck import retractions as R
-from pitcheck.arrays import NumpyOps, TorchOps
-from pitcheck.batched_retractions import StackedOps, stacked_qr
-from pitcheck.formats import get_format
-from pitcheck.retractions import QR_BY_SOLVE_MIN_ELEMENTS, retract_qr, tangent_projection
+from pitcheck.model import retractions as R
+from pitcheck.numerics.arrays import NumpyOps, TorchOps
+from pitcheck.model.batched_retractions import StackedOps, stacked_qr
+from pitcheck.numerics.formats import get_format
+from pitcheck.model.retractions import QR_BY_SOLVE_MIN_ELEMENTS, retract_qr, tangent_projection
 
 V, D = 2048, 32  # V x D = QR_BY_SOLVE_MIN_ELEMENTS: the smallest shape that takes the solve
 
@@ -153,7 +153,7 @@ def test_the_stacked_qr_of_large_matrices_is_the_one_matrix_map_bit_for_bit(back
 
 
 def test_householder_r_is_householder_qrs_r_bit_for_bit():
-    from pitcheck.arrays import householder_qr, householder_r
+    from pitcheck.numerics.arrays import householder_qr, householder_r
 
     Y = sum(_point())
     np.testing.assert_array_equal(householder_r(Y), householder_qr(Y)[1])

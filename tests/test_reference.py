@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitcheck import PitcheckError, metrics, reference
+from pitcheck import PitcheckError
+from pitcheck.numerics import metrics, reference
 from tests import oracle
 from tests.helpers import pit_pair
 

@@ -2,7 +2,7 @@
 import pytest
 
 from pitcheck import PitcheckError, cli
-from pitcheck.plot import plot_runs
+from pitcheck.verbs.plot import plot_runs
 
 
 def test_compare_and_plot_reject_bad_input(tmp_path, capsys):

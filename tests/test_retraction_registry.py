@@ -1,4 +1,4 @@
-"""pitcheck.retractions' registry: one record per map (function, plot style, table order, approximate or not),
+"""pitcheck.model.retractions' registry: one record per map (function, plot style, table order, approximate or not),
 and the views callers use (RETRACTIONS, APPROXIMATE, get_retraction) agreeing with it."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import matplotlib.colors
 import matplotlib.markers
 import pytest
 
-from pitcheck import retractions as R
-from pitcheck.errors import PitcheckError
+from pitcheck.model import retractions as R
+from pitcheck.infra.errors import PitcheckError
 
 
 def test_the_views_are_the_records():

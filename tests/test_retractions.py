@@ -15,10 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitcheck import PitcheckError, metrics, reference
-from pitcheck import retractions as R
-from pitcheck.arrays import NumpyOps, TorchOps, ops_for
-from pitcheck.retractions import (APPROXIMATE, RETRACTIONS, RetractionError, get_retraction, reproject,
+from pitcheck import PitcheckError
+from pitcheck.numerics import metrics, reference
+from pitcheck.model import retractions as R
+from pitcheck.numerics.arrays import NumpyOps, TorchOps, ops_for
+from pitcheck.model.retractions import (APPROXIMATE, RETRACTIONS, RetractionError, get_retraction, reproject,
                                   tangent_projection)
 from tests import oracle
 
@@ -775,7 +776,7 @@ def test_cayley_issues_five_v_sized_gemms_and_no_tall_copies():
     V, D = 3000, 16
     Z, xi = _near_manifold(V, D, 0, torch.float64)
     ops = _CountingOps(V)
-    import pitcheck.retractions as R
+    import pitcheck.model.retractions as R
     real = R._add_products
     counted = []
 

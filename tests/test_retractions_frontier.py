@@ -1,6 +1,6 @@
 """Planted bugs in the issue-20 retractions, one line each, and the guarding test that must go red.
 
-Each case patches pitcheck.retractions (a coefficient, a constant, a function) the way a one-line bug
+Each case patches pitcheck.model.retractions (a coefficient, a constant, a function) the way a one-line bug
 would change it, runs the guard from test_retractions, and asserts it fails; the unpatched guard
 passing is checked by that file itself.
 """
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from pitcheck import retractions as R
-from pitcheck.arrays import NumpyOps, ops_for
+from pitcheck.model import retractions as R
+from pitcheck.numerics.arrays import NumpyOps, ops_for
 from tests import test_retractions as guards
 
 
@@ -83,7 +83,7 @@ def test_guards_pass_unplanted():
 
 
 # ---- exact values, operation counts and boundaries of the issue-20 maps (mutation survivors) ---------
-# Each test below pins a property a mutant of pitcheck/retractions.py changed while every other test
+# Each test below pins a property a mutant of pitcheck/model/retractions.py changed while every other test
 # stayed green; the comment on each says which.
 
 class _CountingOps(NumpyOps):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pitcheck import PitcheckError
-from pitcheck.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS, read_metrics
+from pitcheck.infra.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS, read_metrics
 from pitcheck.trajectory import RunConfig, run
 
 SMALL = RunConfig(vocab=32, dim=4, steps=6, records_per_decade=4)
@@ -118,7 +118,7 @@ def test_an_older_directory_without_loss_columns_reads_and_resumes(tmp_path):
     resumes to."""
     import shutil
 
-    from pitcheck.rundir import RunDir
+    from pitcheck.infra.rundir import RunDir
 
     run(SMALL, tmp_path / "new", progress=False)
     shutil.copytree(tmp_path / "new", tmp_path / "old")
@@ -139,7 +139,7 @@ def test_cells_written_before_the_loss_columns_summarise_to_their_committed_numb
     """A 12-cell slice of results/compare's cells (written before the loss columns; kept in tests/data since
     results/ no longer holds cell directories) still reads and summarises to the rows of summary.csv
     committed with them: every value equal to 1e-12 relative (the growth fit's last bits follow the BLAS)."""
-    from pitcheck import sweep as sw
+    from pitcheck.verbs import compare as sw
 
     root = Path(__file__).resolve().parent / "data" / "compare-before-loss-columns"
     grid_json = json.loads((root / "grid.json").read_text())

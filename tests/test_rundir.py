@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, rundir
-from pitcheck.rundir import RunDir, npz_bytes, read_checkpoint, read_events, read_manifest, read_metrics
+from pitcheck import PitcheckError
+from pitcheck.infra import rundir
+from pitcheck.infra.rundir import RunDir, npz_bytes, read_checkpoint, read_events, read_manifest, read_metrics
 
 FILES_1 = {"manifest.json": b'{"config": {}}\n', "metrics.csv": b"step\n0\n", "events.jsonl": b"",
            "checkpoint.npz": npz_bytes({"step": np.int64(1)})}
@@ -266,7 +267,7 @@ def test_write_atomic_to_stdout_goes_through_the_stream_in_order(tmp_path, redir
 
     link = tmp_path / "stdout"
     link.symlink_to("/proc/self/fd/1")
-    code = ("import sys; from pitcheck.rundir import write_atomic, check_out_file; print('table', flush=False); "
+    code = ("import sys; from pitcheck.infra.rundir import write_atomic, check_out_file; print('table', flush=False); "
             f"check_out_file({str(link)!r}); write_atomic({str(link)!r}, b'json\\n'); print('summary')")
     if redirect == "pipe":
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pitcheck import PitcheckError
-from pitcheck.scaling import RECIPES, Quantised, fake_quant, get_recipe, quantise
+from pitcheck.numerics.scaling import RECIPES, Quantised, fake_quant, get_recipe, quantise
 
 FP32 = np.float32
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck.scaling import quantise
+from pitcheck.numerics.scaling import quantise
 from tests.test_scaling import wide_matrix
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck.rundir import read_metrics
+from pitcheck.infra.rundir import read_metrics
 from pitcheck.trajectory import RunConfig, run
 from pitcheck.trajectory import step as step_module
 from pitcheck.trajectory.step import Lockstep, shadow_engine_placement
@@ -114,7 +114,8 @@ def test_torch_shadow_metrics_agree_with_the_numpy_shadows(tmp_path, monkeypatch
 
 # ---- (b) checkpoints and resumes of a torch shadow -------------------------------------------------------
 def test_torch_shadow_run_interrupted_and_resumed_is_byte_identical(tmp_path, monkeypatch, torch_shadow):
-    from pitcheck import PitcheckError, heads
+    from pitcheck import PitcheckError
+    from pitcheck.model import heads
 
     full = run(CFG, tmp_path / "full", progress=False)
     monkeypatch.setattr(heads, "gradient", _Interrupt(at=57))
@@ -164,7 +165,7 @@ def test_a_torch_shadow_skips_the_steps_the_model_skips(tmp_path, torch_shadow):
 
 
 def test_undo_puts_a_torch_shadow_back_when_its_step_breaks_down(torch_shadow, monkeypatch):
-    from pitcheck.engine import StateBreakdown
+    from pitcheck.model.engine import StateBreakdown
 
     pair = Lockstep(CFG)
     grads, shadow_grads = pair.gradients(["gaussian"], 0, None)

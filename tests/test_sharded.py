@@ -24,13 +24,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pitcheck.arrays import TorchOps
-from pitcheck.errors import PitcheckError
-from pitcheck.retractions import get_retraction, tangent_projection as single_tangent_projection
-from pitcheck.sharded import (ShardedPool, ShardedRunError, get_sharded_retraction, launch, orthonormality,
+from pitcheck.numerics.arrays import TorchOps
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.model.retractions import get_retraction, tangent_projection as single_tangent_projection
+from pitcheck.model.sharded import (ShardedPool, ShardedRunError, get_sharded_retraction, launch, orthonormality,
                               pinv_drift, relative_distance, replica_spread, scatter_rows, shard_distance,
                               shard_layout)
-from pitcheck.sharded.comm import assemble_rows
+from pitcheck.model.sharded.comm import assemble_rows
 
 D = 8
 GRAM_PASSES = {"cholqr": 1, "cholqr2": 2, "polar-gram": 1, "cayley": 3,
@@ -182,7 +182,7 @@ def _metrics_case(world, V):
     E = E + 1e-3 * torch.randn(V, D, generator=gen, dtype=torch.float64)
     layout = shard_layout(V, n)
     Zl, El = scatter_rows(Z, layout, rank), scatter_rows(E, layout, rank)
-    from pitcheck import metrics as single
+    from pitcheck.numerics import metrics as single
 
     return {"orth": (orthonormality(Zl, group), single.orthonormality_loss(Z.numpy())),
             "drift": (pinv_drift(El, Zl @ T, group), single.pinv_drift(E.numpy(), (Z @ T).numpy())),
@@ -266,7 +266,7 @@ def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts(monke
 
 
 def test_no_process_group_outside_torchrun_is_a_clear_error(monkeypatch):
-    from pitcheck.sharded import ensure_process_group
+    from pitcheck.model.sharded import ensure_process_group
 
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)

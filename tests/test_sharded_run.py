@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from pitcheck.errors import PitcheckError
+from pitcheck.infra.errors import PitcheckError
 from pitcheck.trajectory import RunConfig, run
 
 pytest.importorskip("torch.distributed")
@@ -87,7 +87,7 @@ def test_bad_sharding_is_one_line_error(tmp_path, over, message):
 
 # ---- metrics.csv's shard columns (rundir.SHARD_COLUMNS) --------------------------------------------------
 def test_shard_columns_are_written_and_read_back(tmp_path):
-    from pitcheck.rundir import CSV_COLUMNS, SHARD_COLUMNS, read_metrics
+    from pitcheck.infra.rundir import CSV_COLUMNS, SHARD_COLUMNS, read_metrics
 
     rows = run(_cfg(steps=3), tmp_path / "r", progress=False)
     header = (tmp_path / "r" / "metrics.csv").read_text().splitlines()[0].split(",")
@@ -101,7 +101,7 @@ def test_csv_bytes_of_unsharded_rows_has_no_shard_columns_and_an_empty_cell_wher
     import tempfile
     from pathlib import Path
 
-    from pitcheck.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS, SHARD_COLUMNS, csv_bytes, read_metrics
+    from pitcheck.infra.rundir import CSV_COLUMNS, LOSS_COLUMNS, METRIC_COLUMNS, SHARD_COLUMNS, csv_bytes, read_metrics
 
     base = {k: 1.0 for k in METRIC_COLUMNS}
     plain = [{**base, "step": 0}, {**base, "step": 1}]
@@ -121,7 +121,7 @@ def test_csv_bytes_of_unsharded_rows_has_no_shard_columns_and_an_empty_cell_wher
 def test_committed_sharded_run_directories_still_read():
     from pathlib import Path
 
-    from pitcheck.rundir import CSV_COLUMNS, read_metrics
+    from pitcheck.infra.rundir import CSV_COLUMNS, read_metrics
 
     root = Path(__file__).resolve().parents[1] / "results" / "sharded"
     dirs = sorted(p.parent for p in root.glob("*/metrics.csv"))

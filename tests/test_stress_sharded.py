@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pitcheck import scenarios
+from pitcheck.verbs import stress as scenarios
 from pitcheck.cli import stress as stress_cli
-from pitcheck.rundir import read_metrics
-from pitcheck.scenarios import Check, StressInputError, check_budget
+from pitcheck.infra.rundir import read_metrics
+from pitcheck.verbs.stress import Check, StressInputError, check_budget
 from tests.helpers import stress_args
 
 pytest.importorskip("torch.distributed")

@@ -1,4 +1,4 @@
-"""pitcheck.sweep: grids from TOML, cell names, growth fit, floors, verdicts, resume and re-render."""
+"""pitcheck.verbs.compare: grids from TOML, cell names, growth fit, floors, verdicts, resume and re-render."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pitcheck import sweep as sw
-from pitcheck.errors import PitcheckError
-from pitcheck.sweep.summary import growth_exponent
+from pitcheck.verbs import compare as sw
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.verbs.compare.summary import growth_exponent
 from pitcheck.trajectory import run
 
 TINY = """
@@ -40,13 +40,13 @@ def test_builtin_grids_load_and_cover_what_the_issue_asks():
     assert set(quick.axes["retraction"]) >= {"qr", "polar", "cayley"}
     assert set(quick.axes["precision"]) >= {"fp64", "fp32", "bf16"}
     default = sw.load_grid()
-    from pitcheck.policy import POLICIES
+    from pitcheck.numerics.policy import POLICIES
 
     # the default grid: every policy without a placement; the placed ones (8- and 4-bit) have their own grid
     assert set(default.axes["precision"]) == {n for n, p in POLICIES.items() if not p.placement}
     fp8 = sw.load_grid(str(Path(sw.__file__).parents[1] / "grids" / "fp8.toml"))
     assert {n for n, p in POLICIES.items() if p.placement} | {"fp32"} == set(fp8.axes["precision"])
-    from pitcheck.retractions import APPROXIMATE, RETRACTIONS
+    from pitcheck.model.retractions import APPROXIMATE, RETRACTIONS
 
     # the committed study's projective and Cayley retractions; the frontier's methods have their own grid
     established = {"qr", "polar", "polar-gram", "polar-ns", "cholqr", "cholqr2", "cayley", "cayley-iter"}
@@ -341,7 +341,7 @@ def test_interrupted_sweep_resumes_each_cell_where_it_stopped(tmp_path, monkeypa
     cut = tmp_path / "cut"
     cells = sw.cells(grid)
     # one cell interrupted at step 33 (Ctrl-C: the run commits its checkpoint), one not started, the rest finished
-    from pitcheck import progress
+    from pitcheck.infra import progress
 
     def interrupt(self, done):
         if done == 33:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pitcheck import sweep as sw
-from pitcheck.errors import PitcheckError
-from pitcheck.sweep.grid import Grid
-from pitcheck.sweep.summary import sharded_columns, summary_csv
+from pitcheck.verbs import compare as sw
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.verbs.compare.grid import Grid
+from pitcheck.verbs.compare.summary import sharded_columns, summary_csv
 
 SHARDED = """
 steps = 8

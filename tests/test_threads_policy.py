@@ -1,4 +1,4 @@
-"""pitcheck.threads' policy: one count per process (--threads, or the measured default), a pool's workers
+"""pitcheck.infra.threads' policy: one count per process (--threads, or the measured default), a pool's workers
 pinned to their share or to the chosen count, a block of the Python API pinned and put back after."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from pitcheck import executors, threads
+from pitcheck.infra import executors, threads
 from pitcheck.cli import build_parser, main, VERBS
-from pitcheck.errors import PitcheckError
+from pitcheck.infra.errors import PitcheckError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from pitcheck import PitcheckError
-from pitcheck.formats import round_to
-from pitcheck.gradients import AdversaryParams
-from pitcheck.policy import POLICIES, get_policy
-from pitcheck.rundir import read_events
+from pitcheck.numerics.formats import round_to
+from pitcheck.model.gradients import AdversaryParams
+from pitcheck.numerics.policy import POLICIES, get_policy
+from pitcheck.infra.rundir import read_events
 from pitcheck.trajectory import RunConfig, run
 
 CUDA = torch.cuda.is_available()
@@ -112,7 +112,7 @@ def test_auto_puts_only_a_large_torch_run_on_a_gpu(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 def test_finiteness_check_sees_one_bad_entry_anywhere(dtype):
-    from pitcheck.arrays import NumpyOps, TorchOps
+    from pitcheck.numerics.arrays import NumpyOps, TorchOps
 
     ops = TorchOps()
     x = torch.randn(37, 5).to(dtype)
@@ -133,7 +133,7 @@ def test_finiteness_check_sees_one_bad_entry_anywhere(dtype):
 def test_finiteness_check_on_views_and_tensors_that_require_grad(dtype):
     """The CPU check reads the tensor's memory through numpy (bfloat16 through torch): a strided view sees only
     its own entries, and a leaf that requires grad is read, not refused."""
-    from pitcheck.arrays import TorchOps
+    from pitcheck.numerics.arrays import TorchOps
 
     ops = TorchOps()
     x = torch.randn(16, 6).to(dtype)

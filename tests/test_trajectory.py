@@ -5,9 +5,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pitcheck import PitcheckError, cli, heads, metrics, reference
-from pitcheck.progress import Progress
-from pitcheck.rundir import METRIC_COLUMNS, read_events, read_metrics
+from pitcheck import PitcheckError, cli
+from pitcheck.model import heads
+from pitcheck.numerics import metrics, reference
+from pitcheck.infra.progress import Progress
+from pitcheck.infra.rundir import METRIC_COLUMNS, read_events, read_metrics
 from pitcheck.trajectory import RunConfig, recorded_steps, run
 
 U = 2.0**-53

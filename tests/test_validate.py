@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pitcheck.cli import main
-from pitcheck.errors import PitcheckError
-from pitcheck.validate import TAU, validate
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.verbs.validate import TAU, validate
 from tests.zoo import CAUGHT_BY, NOT_SHOWN, OPTIONAL
 
 SMALL = dict(vocab=128, dim=8, steps=40, timeout=240)
@@ -366,7 +366,7 @@ def test_cli_writes_the_same_result_as_json_markdown_and_junit(tmp_path, capsys)
 
 
 def test_a_factory_object_that_cannot_be_imported_by_name_runs_in_process():
-    from pitcheck.nn import make
+    from pitcheck.model.nn import make
 
     def local_factory(V, D, **kw):
         return make(V, D, **kw)
@@ -435,7 +435,7 @@ def test_a_block_scaled_wrapper_reporting_float32_fails_the_contract():
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2"])
 def test_validating_in_an_8_or_4_bit_dtype_is_refused_with_the_reason(dtype, capsys):
-    from pitcheck.errors import PitcheckError
+    from pitcheck.infra.errors import PitcheckError
 
     with pytest.raises(PitcheckError, match=r"16 u\) larger than 0.1"):
         validate("tests.zoo.correct_cayley:make", dtype, **SMALL)

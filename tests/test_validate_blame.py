@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pitcheck.validate import probes, worker
-from pitcheck.validate.checks import Context, judge
-from pitcheck.validate.dtypes import UNIT_ROUNDOFF
+from pitcheck.verbs.validate import probes, worker
+from pitcheck.verbs.validate.checks import Context, judge
+from pitcheck.verbs.validate.dtypes import UNIT_ROUNDOFF
 from tests.zoo._base import LLtPIT
 
 V, D = 64, 4

@@ -1,4 +1,4 @@
-"""The validator's judging (pitcheck.validate.checks) on synthetic probes whose answer is known, without a
+"""The validator's judging (pitcheck.verbs.validate.checks) on synthetic probes whose answer is known, without a
 target process (fast, small arrays).
 
 Two kinds of case: whole checks on generic PIT pairs as a target in float32 or bfloat16 returns them
@@ -14,11 +14,11 @@ import math
 import numpy as np
 import pytest
 
-from pitcheck import reference
-from pitcheck.validate import TAU, checks
-from pitcheck.validate.checks import Context, Verdicts
-from pitcheck.validate import probes
-from pitcheck.validate.probes import Probe
+from pitcheck.numerics import reference
+from pitcheck.verbs.validate import TAU, checks
+from pitcheck.verbs.validate.checks import Context, Verdicts
+from pitcheck.verbs.validate import probes
+from pitcheck.verbs.validate.probes import Probe
 from tests.helpers import pit_pair
 
 V, D = 64, 8
@@ -120,7 +120,7 @@ def test_memory_orthonormality_is_read_off_the_maps_whatever_t(cond, s):
 
 
 def test_interface_reports_the_worst_penrose_condition():
-    from pitcheck import metrics
+    from pitcheck.numerics import metrics
 
     E, W = rounded_maps(cond=10.0, dtype="float64", one_solve=True)
     pen = metrics.penrose_residuals(E, W.T)
@@ -1579,7 +1579,7 @@ def test_retraction_order_spans_the_largest_and_smallest_of_more_steps():
     ("float16", 2.0**-11, 11, ()),
 ])
 def test_validator_dtype_tables(dtype, u, width, narrower):
-    from pitcheck.validate import dtypes
+    from pitcheck.verbs.validate import dtypes
 
     assert dtypes.UNIT_ROUNDOFF[dtype] == u and dtypes.WIDTH[dtype] == width and dtypes.NARROWER[dtype] == narrower
     assert dtypes.DTYPES == ("float64", "float32", "bfloat16", "float16")
@@ -1608,7 +1608,7 @@ def test_contract_knows_8_and_4_bit_storage_and_block_scaled_wrappers():
 
 def test_wrapped_storage_reads_inner_tensors_and_metadata_dtypes():
     torch = pytest.importorskip("torch")
-    from pitcheck.validate.probes import _wrapped_storage
+    from pitcheck.verbs.validate.probes import _wrapped_storage
 
     assert _wrapped_storage(torch.zeros(3)) == {} and _wrapped_storage(torch.nn.Parameter(torch.zeros(3))) == {}
     torchao = pytest.importorskip("torchao", reason="torchao (the MX reference) is not installed")  # noqa: F841
@@ -1639,7 +1639,7 @@ def test_conditioning_states_are_labelled_by_the_cond_they_reached():
 
     import torch
 
-    from pitcheck.validate.target import build
+    from pitcheck.verbs.validate.target import build
 
     base = importlib.import_module("tests.zoo._base")
 

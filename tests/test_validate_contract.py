@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck.gradients import AdversaryParams
-from pitcheck.validate import probes
-from pitcheck.validate.checks import Context, judge
-from pitcheck.validate.dtypes import UNIT_ROUNDOFF
-from pitcheck.validate.target import build
+from pitcheck.model.gradients import AdversaryParams
+from pitcheck.verbs.validate import probes
+from pitcheck.verbs.validate.checks import Context, judge
+from pitcheck.verbs.validate.dtypes import UNIT_ROUNDOFF
+from pitcheck.verbs.validate.target import build
 
 V, D = 128, 8
 

@@ -2,7 +2,7 @@
 never fails a correct module: the refusal counts as a refusal, and what remains runs in a fresh worker
 under the same time limit. Run on the CPU through tests/zoo/_lost_context.py, a stand-in whose embed of an
 out-of-range id returns a result that raises when read and loses this process's "context"; the worker's
-detection of the loss is the module-level pitcheck.validate.device.context_lost, which the stand-in
+detection of the loss is the module-level pitcheck.verbs.validate.device.context_lost, which the stand-in
 replaces inside the worker's process. Also: a target built on another device than the one asked for
 cannot be run (exit 2), and a timeout names the slowest phases."""
 import time
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pitcheck.cli import main
-from pitcheck.validate import validate
+from pitcheck.verbs.validate import validate
 from tests.zoo import _lost_context
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_a_device_assert_on_bad_ids_is_a_refusal_and_the_rest_runs_in_a_fresh_wo
 
 
 def test_in_the_validators_own_process_a_lost_context_is_said_not_blamed_on_the_target(monkeypatch):
-    from pitcheck.validate import device
+    from pitcheck.verbs.validate import device
 
     # the stand-in replaces the detection and loses the context in this process: both undone after the test
     monkeypatch.setattr(device, "context_lost", device.context_lost)

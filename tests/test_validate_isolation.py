@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pitcheck.cli import main
-from pitcheck.validate import validate
-from pitcheck.validate.lifeline import TAG_VAR
+from pitcheck.verbs.validate import validate
+from pitcheck.verbs.validate.lifeline import TAG_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab=64, dim=4, steps=3, timeout=120)
@@ -236,7 +236,7 @@ def test_setsid_children_and_daemons_do_not_outlive_a_validation_that_ends(tmp_p
 
 def test_a_worker_whose_validator_died_before_it_was_tied_exits_at_once(tmp_path):
     # the parent-death signal is set after the worker started; a validator gone by then is seen by its pid
-    from pitcheck.validate import lifeline
+    from pitcheck.verbs.validate import lifeline
 
     r, w = os.pipe()
     cmd = lifeline.worker_command(str(tmp_path / "request.json"), r)

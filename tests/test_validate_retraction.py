@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import pitcheck.nn
-from pitcheck.retractions import APPROXIMATE, RETRACTIONS
-from pitcheck.validate import probes
-from pitcheck.validate.checks import Context, judge
-from pitcheck.validate.dtypes import UNIT_ROUNDOFF
-from pitcheck.validate.target import build
+from pitcheck.model.retractions import APPROXIMATE, RETRACTIONS
+from pitcheck.verbs.validate import probes
+from pitcheck.verbs.validate.checks import Context, judge
+from pitcheck.verbs.validate.dtypes import UNIT_ROUNDOFF
+from pitcheck.verbs.validate.target import build
 
 V, D = 128, 8
 # not retractions: 'none' is the Euclidean baseline; ns5, polar-express, gram-ns approximate the polar

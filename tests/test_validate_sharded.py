@@ -11,8 +11,8 @@ import time
 import pytest
 
 from pitcheck.cli import main
-from pitcheck.errors import PitcheckError
-from pitcheck.validate import validate
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.verbs.validate import validate
 
 pytest.importorskip("torch.distributed")
 
@@ -67,7 +67,7 @@ def test_layout_bugs_that_an_even_vocabulary_hides_fail_at_the_prime_one(module,
 
 
 def test_the_prime_vocabulary_of_the_layout_check():
-    from pitcheck.validate.shard_probes import uneven_vocab
+    from pitcheck.verbs.validate.shard_probes import uneven_vocab
 
     assert [uneven_vocab(v, 2) for v in (2048, 67, 64, 3, 2)] == [2039, 67, 61, 3, 2]
     assert uneven_vocab(7, 7) == 7 and uneven_vocab(12, 4) == 11

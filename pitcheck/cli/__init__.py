@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from ..errors import PitcheckError
+from ..infra.errors import PitcheckError
 from .common import import_torch_holding_ctrl_c
 
 # verb -> its module under pitcheck/cli (imported when the parser is built)
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for verb in VERBS:
         _verb_module(verb).add_parser(sub)
-        # one thread policy for every verb, applied in _main (pitcheck.threads)
+        # one thread policy for every verb, applied in _main (pitcheck.infra.threads)
         sub.choices[verb].add_argument(
             "--threads", type=_positive_int, default=None, metavar="N",
             help="torch and BLAS threads of this process, or of each worker of a pool (default: 1 for a single "
@@ -91,7 +91,7 @@ def _main(argv: list[str] | None) -> int:
     verb = _verb_module(args.command)
     if verb.NEEDS_TORCH:
         import_torch_holding_ctrl_c()
-    from ..threads import apply_thread_policy
+    from ..infra.threads import apply_thread_policy
 
     apply_thread_policy(args.threads, torch=verb.NEEDS_TORCH)
     try:

@@ -1,15 +1,15 @@
 """`pitcheck bench`: the options, the report on stdout, one line per shape on stderr.
 
 Bad input ends in `pitcheck bench: error: ...` and exit status 2 (this verb's own prefix, as before the
-CLI was a package); the timing itself is pitcheck.benchmark.bench.
+CLI was a package); the timing itself is pitcheck.verbs.bench.benchmark.bench.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..benchmark import QUICK_SHAPES, bench, report
-from ..errors import PitcheckError
+from ..verbs.bench.benchmark import QUICK_SHAPES, bench, report
+from ..infra.errors import PitcheckError
 from .common import check_writable
 
 NEEDS_TORCH = True

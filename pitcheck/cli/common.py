@@ -13,12 +13,12 @@ import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
 
-from ..errors import PitcheckError
+from ..infra.errors import PitcheckError
 
 
 def add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int) -> None:
-    from ..engine import OPTIMIZERS
-    from ..gradients import GRADIENT_MODELS
+    from ..model.engine import OPTIMIZERS
+    from ..model.gradients import GRADIENT_MODELS
     from ..trajectory import GPU_MIN_ELEMENTS, RunConfig as DEFAULTS  # the dataclass: its defaults as class attributes
 
     p.add_argument("--adversary", default=DEFAULTS.adversary,
@@ -48,7 +48,7 @@ def add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int
 
 def add_lm_options(p: argparse.ArgumentParser) -> None:
     """Options of the lm gradient source (and --input-scale, which sparse_input takes too)."""
-    from ..lm import LMParams as LM
+    from ..sources.lm import LMParams as LM
 
     p.add_argument("--input-scale", type=float, default=None, metavar="S",
                    help="scale of input-side (embedding) gradients against output-side ones (default 1)")
@@ -66,8 +66,8 @@ def add_lm_options(p: argparse.ArgumentParser) -> None:
 
 def lm_overrides(args) -> dict:
     """RunConfig fields set by the lm options, refusing lm options without the lm source."""
-    from ..gradients import AdversaryParams
-    from ..lm import LMParams, uses_lm
+    from ..model.gradients import AdversaryParams
+    from ..sources.lm import LMParams, uses_lm
 
     given = {field: getattr(args, opt) for opt, field in (
         ("lm_seq_len", "seq_len"), ("lm_sequences", "sequences"), ("lm_layers", "layers"), ("lm_lr", "body_lr"),
@@ -83,7 +83,7 @@ def lm_overrides(args) -> dict:
 
 
 def run_config(args, **over):
-    from ..heads import get_head
+    from ..model.heads import get_head
     from ..trajectory import RunConfig, teacher_shape
 
     if getattr(args, "resume", False) and args.force:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import PitcheckError
-from ..executors import EXECUTORS
-from ..sweep import (DEFAULT_BATCH, MAX_CELLS, Grid, compare, load_grid, override, own_breakdowns, parse_shape,
+from ..infra.errors import PitcheckError
+from ..infra.executors import EXECUTORS
+from ..verbs.compare import (DEFAULT_BATCH, MAX_CELLS, Grid, compare, load_grid, override, own_breakdowns, parse_shape,
                      t_instability_lines, table_lines, verdict_lines)
 
 NEEDS_TORCH = True

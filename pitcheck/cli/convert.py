@@ -25,7 +25,7 @@ def _row(name: str, m: dict) -> str:
 
 
 def main(args) -> int:
-    from ..pretrained.convert import convert
+    from ..verbs.convert import convert
 
     dtypes = tuple(d.strip() for d in args.certify.split(",") if d.strip())
     result = convert(args.teacher, args.out, dtypes, args.dtype)

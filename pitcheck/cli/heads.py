@@ -1,13 +1,13 @@
-"""`pitcheck heads`: PIT against standard tying and untied tables on real text (pitcheck.lm.heads_study)."""
+"""`pitcheck heads`: PIT against standard tying and untied tables on real text (pitcheck.verbs.heads)."""
 from __future__ import annotations
 
 import argparse
 import inspect
 from pathlib import Path
 
-from ..engine import OPTIMIZERS
-from ..errors import PitcheckError
-from ..lm.heads_study import heads
+from ..model.engine import OPTIMIZERS
+from ..infra.errors import PitcheckError
+from ..verbs.heads import heads
 from .common import add_lm_options, lm_overrides
 
 NEEDS_TORCH = True

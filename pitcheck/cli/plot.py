@@ -15,7 +15,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args) -> int:
-    from ..plot import plot_runs
+    from ..verbs.plot import plot_runs
 
     print(plot_runs(args.runs, args.out, args.metrics.split(",")))
     return 0

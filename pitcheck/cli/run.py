@@ -10,9 +10,9 @@ NEEDS_TORCH = True
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from ..heads import HEADS
-    from ..policy import POLICIES
-    from ..retractions import RETRACTIONS
+    from ..model.heads import HEADS
+    from ..numerics.policy import POLICIES
+    from ..model.retractions import RETRACTIONS
     from ..trajectory import RunConfig as DEFAULTS
 
     p = sub.add_parser("run", help="simulate one trajectory and write a run directory")

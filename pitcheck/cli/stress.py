@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import PitcheckError
+from ..infra.errors import PitcheckError
 from .common import check_writable
 
 NEEDS_TORCH = True
@@ -44,7 +44,7 @@ def _echo(r) -> None:
 
 
 def _list(args) -> int:
-    from .. import scenarios as sc
+    from ..verbs import stress as sc
 
     scenarios = sc.select_scenarios(sc.load_scenarios(args.files), args.only)
     sc.check_outputs(scenarios, junit=args.junit, json=args.json, out=args.out)
@@ -81,7 +81,7 @@ def _report_held(outcome) -> None:
 
 def main(args) -> int:
     # deferred: the dispatcher imports torch (holding Ctrl-C) before main runs, not when parsers are built
-    from .. import scenarios as sc
+    from ..verbs import stress as sc
 
     try:
         if args.list:

@@ -10,8 +10,8 @@ NEEDS_TORCH = True
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from ..validate import CHECKS, api
-    from ..validate.dtypes import DTYPES
+    from ..verbs.validate import CHECKS, api
+    from ..verbs.validate.dtypes import DTYPES
 
     v = sub.add_parser("validate", help="judge a third-party PIT implementation (module:factory) against the reference")
     v.add_argument("target", help="module:factory or path/to/file.py:factory")
@@ -34,8 +34,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args) -> int:
-    from ..validate import validate
-    from ..validate.result import check_outputs
+    from ..verbs.validate import validate
+    from ..verbs.validate.result import check_outputs
 
     check_outputs(args.json, args.report, args.junit)
     check_writable(files=[("--json", args.json), ("--report", args.report), ("--junit", args.junit)])

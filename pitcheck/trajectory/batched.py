@@ -1,5 +1,5 @@
 """Runs stepped together: B trajectories of one shape, policy and retraction (differing in seed, adversary,
-learning rate, cond, teacher) advanced as one stacked computation (pitcheck.batched_engine), each still its
+learning rate, cond, teacher) advanced as one stacked computation (pitcheck.model.batched_engine), each still its
 own run directory, recorded, committed and resumable exactly as `run()` would (issue 16, item 3).
 
 Each run is a Trajectory built as usual (locked, resumed, checked); between records its model and shadow
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..batched_engine import StackedPit, unstackable
-from ..errors import PitcheckError
-from ..gradients import parse_adversary
-from ..stacked_gradients import stacked_gradients
-from ..threads import thread_policy
+from ..model.batched_engine import StackedPit, unstackable
+from ..infra.errors import PitcheckError
+from ..model.gradients import parse_adversary
+from ..model.stacked_gradients import stacked_gradients
+from ..infra.threads import thread_policy
 from .config import recorded_steps
 from .loop import RunInterrupted, Trajectory, interrupted_message
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import PitcheckError
-from ..events import ends_run, malformed
-from ..metrics import EXTENDED_BITS
-from ..rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, SHARD_COLUMNS, EventLines,
+from ..infra.errors import PitcheckError
+from .events import ends_run, malformed
+from ..numerics.metrics import EXTENDED_BITS
+from ..infra.rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, SHARD_COLUMNS, EventLines,
                       RunDir, csv_bytes, events_bytes, manifest_bytes, npz_bytes)
-from ..sources import STATEFUL_SOURCES, stateful_source
+from ..sources.stateful import STATEFUL_SOURCES, stateful_source
 from .config import RunConfig, is_int, recorded_steps
 from .step import Lockstep
 from .teacher import teacher_source

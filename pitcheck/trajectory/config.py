@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..engine import StepSettings
-from ..errors import PitcheckError
-from ..gradients import AdversaryParams, check_adversary_params, parse_adversary
-from ..heads import get_head
-from ..lm import LMParams, lm_params  # the options of the lm source (importing it registers the source)
-from ..policy import get_policy
-from ..reference import check_shapes
-from ..sources import STATEFUL_SOURCES, stateful_source
+from ..model.engine import StepSettings
+from ..infra.errors import PitcheckError
+from ..model.gradients import AdversaryParams, check_adversary_params, parse_adversary
+from ..model.heads import get_head
+from ..sources.lm import LMParams, lm_params  # the options of the lm source (importing it registers the source)
+from ..numerics.policy import get_policy
+from ..numerics.reference import check_shapes
+from ..sources.stateful import STATEFUL_SOURCES, stateful_source
 from .memory import check_memory
 from .teacher import teacher_shape
 
@@ -220,7 +220,7 @@ def check_sharding(cfg: RunConfig) -> None:
     for refused, why in refusals:
         if refused:
             raise PitcheckError(f"--shards {cfg.shards} {why}")
-    from ..sharded import SHARDED_RETRACTIONS  # deferred: it imports torch, which only a sharded run needs
+    from ..model.sharded import SHARDED_RETRACTIONS  # deferred: it imports torch, which only a sharded run needs
 
     if cfg.retraction not in SHARDED_RETRACTIONS:
         raise PitcheckError(f"--shards {cfg.shards}: no distributed retraction {cfg.retraction!r}; choose from "

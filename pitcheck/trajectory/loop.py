@@ -6,13 +6,13 @@ import signal
 import threading
 from pathlib import Path
 
-from ..engine import StateBreakdown
-from ..errors import PitcheckError
-from ..events import EventKind, breakdown, raised_by, row_events, skipped_steps_by_event, skips_step
-from ..gradients import parse_adversary
-from ..progress import Progress
-from ..rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, EventLines, RunDir, read_events
-from ..threads import thread_policy
+from ..model.engine import StateBreakdown
+from ..infra.errors import PitcheckError
+from .events import EventKind, breakdown, raised_by, row_events, skipped_steps_by_event, skips_step
+from ..model.gradients import parse_adversary
+from ..infra.progress import Progress
+from ..infra.rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, EventLines, RunDir, read_events
+from ..infra.threads import thread_policy
 from .checkpoint import Resume, check_restart, commit, input_hashes, manifest
 from .config import RunConfig, check_argument, recorded_steps
 from .sharded import make_lockstep
@@ -58,7 +58,7 @@ class Trajectory:
         self.store = RunDir(out)
         self.out = self.store.path
         self.progress_enabled = progress
-        self.threads = threads  # None: the process's thread policy (pitcheck.threads)
+        self.threads = threads  # None: the process's thread policy (pitcheck.infra.threads)
         self.rows: list[dict] = []
         self.events: list[dict] = []
         self.event_lines = EventLines()  # events.jsonl's lines so far (each commit encodes the new events only)
@@ -275,7 +275,7 @@ def run(config: RunConfig, out: Path | str, resume: bool = False, progress: bool
 
     Raises PitcheckError for bad input or a directory it must not touch, and RunBreakdown (a
     PitcheckError) when the state breaks down; either way the directory holds its last commit, whole.
-    threads: torch and BLAS threads of the run (None: the process's thread policy, pitcheck.threads).
+    threads: torch and BLAS threads of the run (None: the process's thread policy, pitcheck.infra.threads).
     """
     check_argument("run: config", config, (RunConfig,), "a pitcheck.RunConfig")
     check_argument("run: out", out, (str, os.PathLike), "a directory path (str or pathlib.Path)")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import PitcheckError
+from ..infra.errors import PitcheckError
 
 # how many float64 V x D arrays a run holds at once, at most: master and stored state, optimizer moments,
 # gradients, the embedding, the shadow's copies, the metrics' temporaries and the checkpoint being written

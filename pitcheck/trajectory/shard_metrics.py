@@ -1,5 +1,5 @@
 """A sharded run's row of metrics, computed on the shards: every sum over the vocabulary is an all-reduce
-(pitcheck.sharded.metrics), Z is never gathered. Same meaning as the single-process row where measured;
+(pitcheck.model.sharded.metrics), Z is never gathered. Same meaning as the single-process row where measured;
 the sampled-row solve errors and the Penrose residuals need rows or factorisations of the whole E and
 are not computed on shards (NaN by design, SHARD_UNMEASURED).
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics import cholesky_conditioning
+from ..numerics.metrics import cholesky_conditioning
 
 SHARD_UNMEASURED = ("trisolve_forward", "trisolve_forward_ratio", "trisolve_backward", "trisolve_backward_ratio",
                     "penrose", "penrose_1", "penrose_2", "penrose_3", "penrose_4", "pinv_error")
@@ -26,9 +26,9 @@ def measure_on_shards(model, reference: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from ..formats import FORMATS
-    from ..sharded import orthonormality, orthonormality_ratio, pit_pinv_drift, relative_distance, replica_spread
-    from ..sharded import scatter_rows
+    from ..numerics.formats import FORMATS
+    from ..model.sharded import orthonormality, orthonormality_ratio, pit_pinv_drift, relative_distance, replica_spread
+    from ..model.sharded import scatter_rows
 
     p, rank = model.policy, dist.get_rank()
     Z, L = model.Z, model.L

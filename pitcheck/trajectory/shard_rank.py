@@ -1,5 +1,5 @@
 """What one rank of a sharded run holds and does: its contiguous block of Z's rows (master, stored and
-optimizer moments) and a replica of L, stepped by the distributed retractions of pitcheck.sharded.
+optimizer moments) and a replica of L, stepped by the distributed retractions of pitcheck.model.sharded.
 
 The functions here run inside the ranks of a ShardedPool (they are called by name, so they live at module
 level and keep the rank's state in `_RANK`). Every decision a rank takes (skip a step, raise a breakdown)
@@ -21,10 +21,10 @@ class RankModel:
     def __init__(self, precision: str, settings, layout, allreduce: str, Z_block: np.ndarray, raw: np.ndarray):
         import torch.distributed as dist
 
-        from ..backend import ArrayBackend
-        from ..optim import MOMENTS, get_optimizer
-        from ..policy import get_policy
-        from ..sharded import get_sharded_retraction
+        from ..model.backend import ArrayBackend
+        from ..model.optim import MOMENTS, get_optimizer
+        from ..numerics.policy import get_policy
+        from ..model.sharded import get_sharded_retraction
 
         self.rank = dist.get_rank()
         self.policy = get_policy(precision)
@@ -50,9 +50,9 @@ class RankModel:
     # ---- one step ------------------------------------------------------------------------------
     def step(self, GZ: np.ndarray, GL: np.ndarray) -> list[dict]:
         """One step on this rank's rows of Z's (admitted) gradient and its share of L's; the events."""
-        from ..retractions import RetractionError
-        from ..sharded import all_reduce_sum, tangent_projection
-        from ..sharded.comm import all_true
+        from ..model.retractions import RetractionError
+        from ..model.sharded import all_reduce_sum, tangent_projection
+        from ..model.sharded.comm import all_true
 
         p, to, ops, s = self.policy, self.arrays.to, self.ops, self.settings
         Z, raw = to(self.master["Z"], p.factor), to(self.master["raw"], p.factor)
@@ -83,7 +83,7 @@ class RankModel:
 
     def breakdown(self) -> str | None:
         """Why the stored model cannot compute (the same answer on every rank), or None."""
-        from ..sharded.comm import all_true
+        from ..model.sharded.comm import all_true
 
         if not all_true(self.ops.isfinite_all(self.Z)):
             return f"Z has non-finite entries in {self.policy.storage} storage (on some rank)"
@@ -130,7 +130,7 @@ class RankModel:
 def rank_init(precision, settings, layout, allreduce, Z_full, raw) -> None:
     import torch.distributed as dist
 
-    from ..sharded import scatter_rows
+    from ..model.sharded import scatter_rows
 
     _RANK["model"] = RankModel(precision, settings, layout, allreduce,
                                scatter_rows(Z_full, layout, dist.get_rank()), raw)

@@ -1,5 +1,5 @@
 """A sharded run (`--shards N`, N > 1): the model's Z row-sharded over N gloo ranks (Megatron's contiguous
-layout, pitcheck.sharded.layout), L replicated with its gradient all-reduced, stepped by the distributed
+layout, pitcheck.model.sharded.layout), L replicated with its gradient all-reduced, stepped by the distributed
 retractions; beside it, in the parent, the single-process engine in the same precision (the reference
 the shard distances are measured from, and the source of the gradient stream) and the float64 shadow.
 
@@ -18,10 +18,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..errors import PitcheckError
-from ..events import skips_step
-from ..heads import StateBreakdown
-from ..amp import LossScaler, fits
+from ..infra.errors import PitcheckError
+from .events import skips_step
+from ..model.heads import StateBreakdown
+from ..model.amp import LossScaler, fits
 from .shard_rank import (rank_arrays, rank_breakdown, rank_init, rank_load, rank_measure, rank_restore, rank_save,
                          rank_stored_L, rank_step)
 from .shard_metrics import SHARD_UNMEASURED
@@ -35,7 +35,7 @@ class ShardedEngine:
     """The sharded model as the run loop sees it: N ranks each holding a block of Z and a replica of L."""
 
     def __init__(self, config, policy, Z0: np.ndarray, L0: np.ndarray, raw0: np.ndarray):
-        from ..sharded import ShardedPool, shard_layout
+        from ..model.sharded import ShardedPool, shard_layout
 
         self.config, self.policy = config, policy
         self.layout = shard_layout(config.vocab, config.shards, config.pad_multiple or None)
@@ -71,7 +71,7 @@ class ShardedEngine:
                 for k, g in scaled.items()}, []
 
     def _shares(self, grads: dict) -> tuple[list, list]:
-        from ..sharded import scatter_rows
+        from ..model.sharded import scatter_rows
 
         n, V = self.layout.world_size, self.layout.vocab_size
         blocks = [scatter_rows(grads["Z"], self.layout, r) for r in range(n)]

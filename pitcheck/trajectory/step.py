@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine import Engine, StateBreakdown
-from ..errors import PitcheckError
-from ..events import skips_step
-from ..heads import get_head
-from ..metrics import drift_bound
-from ..policy import get_policy
-from ..reference import polar_memory, random_memory, spd_with_condition
-from ..sources import stateful_source
+from ..model.engine import Engine, StateBreakdown
+from ..infra.errors import PitcheckError
+from .events import skips_step
+from ..model.heads import get_head
+from ..numerics.metrics import drift_bound
+from ..numerics.policy import get_policy
+from ..numerics.reference import polar_memory, random_memory, spd_with_condition
+from ..sources.stateful import stateful_source
 from .config import RunConfig, run_device
 from .teacher import load_teacher
 

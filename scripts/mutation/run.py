@@ -8,7 +8,7 @@ has numpy, scipy, torch and pytest imported already, so a mutant costs its tests
 imports. Modules are split across --jobs copies, each with its own server, run in parallel.
 
     .venv/bin/python scripts/mutation/run.py                      # all modules, full run
-    .venv/bin/python scripts/mutation/run.py --modules metrics,policy
+    .venv/bin/python scripts/mutation/run.py --modules numerics/metrics,numerics/policy
     .venv/bin/python scripts/mutation/run.py --sample 6 --budget 50   # the CI subset
 
 Scoring: a mutant is killed when its tests fail (a timeout counts as killed). Mutants listed in
@@ -52,24 +52,24 @@ DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_f
 # module's own test file are the boundary tables not yet folded into it (issue 15): once folded they no
 # longer exist and are ignored; delete them then.
 MODULES: dict[str, list[str]] = {
-    "metrics": ["tests/test_metrics.py", "tests/test_metrics_validation.py"],
-    "reference": ["tests/test_reference.py"],
-    "retractions": ["tests/test_retractions.py", "tests/test_retraction_registry.py",
-                    "tests/test_retractions_frontier.py", "tests/test_qr_by_solve.py"],
-    "formats": ["tests/test_formats.py"],
-    "policy": ["tests/test_formats.py", "tests/test_policy.py"],
-    "scaling": ["tests/test_scaling.py"],
-    "native_float8": ["tests/test_native_float8.py"],
-    "validate/checks": ["tests/test_validate_checks.py"],
-    "arrays": ["tests/test_arrays.py", "tests/test_qr_by_solve.py"],
-    "engine": ["tests/test_engine.py"],
-    "amp": ["tests/test_engine.py"],
-    "optim": ["tests/test_engine.py"],
-    "backend": ["tests/test_engine.py"],
-    "heads": ["tests/test_engine.py", "tests/test_heads.py"],
-    "gradients": ["tests/test_gradients.py", "tests/test_gradient_stream_exact.py"],
-    "events": ["tests/test_events.py"],
-    "draw_memo": ["tests/test_draw_memo.py"],
+    "numerics/metrics": ["tests/test_metrics.py", "tests/test_metrics_validation.py"],
+    "numerics/reference": ["tests/test_reference.py"],
+    "model/retractions": ["tests/test_retractions.py", "tests/test_retraction_registry.py",
+                          "tests/test_retractions_frontier.py", "tests/test_qr_by_solve.py"],
+    "numerics/formats": ["tests/test_formats.py"],
+    "numerics/policy": ["tests/test_formats.py", "tests/test_policy.py"],
+    "numerics/scaling": ["tests/test_scaling.py"],
+    "numerics/native_float8": ["tests/test_native_float8.py"],
+    "verbs/validate/checks": ["tests/test_validate_checks.py"],
+    "numerics/arrays": ["tests/test_arrays.py", "tests/test_qr_by_solve.py"],
+    "model/engine": ["tests/test_engine.py"],
+    "model/amp": ["tests/test_engine.py"],
+    "model/optim": ["tests/test_engine.py"],
+    "model/backend": ["tests/test_engine.py"],
+    "model/heads": ["tests/test_engine.py", "tests/test_heads.py"],
+    "model/gradients": ["tests/test_gradients.py", "tests/test_gradient_stream_exact.py"],
+    "trajectory/events": ["tests/test_events.py"],
+    "model/draw_memo": ["tests/test_draw_memo.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 

@@ -4,7 +4,7 @@ block, copies included: the real rows then satisfy Z^T Z = I - P^T P for the cop
 tied table, not for PIT. Caught by the orthonormality of the real rows and by shard_distance."""
 import torch
 
-from pitcheck.nn_sharded import ShardedPIT
+from pitcheck.model.nn_sharded import ShardedPIT
 
 PAD_MULTIPLE = 16
 

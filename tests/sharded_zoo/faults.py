@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from pitcheck.nn_sharded import ShardedPIT
+from pitcheck.model.nn_sharded import ShardedPIT
 
 
 class FaultyPIT(ShardedPIT):

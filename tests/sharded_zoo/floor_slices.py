@@ -4,8 +4,8 @@ Caught by the orthonormality of the assembled rows (the missing rows' share of Z
 retraction and by shard_distance after one; the slices do not tile 0..V."""
 import torch
 
-from pitcheck.nn_sharded import ShardedPIT
-from pitcheck.sharded.layout import ShardLayout
+from pitcheck.model.nn_sharded import ShardedPIT
+from pitcheck.model.sharded.layout import ShardLayout
 
 
 class FloorSlicesPIT(ShardedPIT):

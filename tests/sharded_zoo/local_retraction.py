@@ -3,9 +3,9 @@ every slice has Z_r^T Z_r = I and the full Z has Z^T Z = n I: ||Z^T Z - I||_F = 
 Caught by the sharded orthonormality (and shard_distance)."""
 import torch
 
-from pitcheck.arrays import TorchOps
-from pitcheck.nn_sharded import ShardedPIT
-from pitcheck.retractions import get_retraction
+from pitcheck.numerics.arrays import TorchOps
+from pitcheck.model.nn_sharded import ShardedPIT
+from pitcheck.model.retractions import get_retraction
 
 
 class LocalRetractionPIT(ShardedPIT):

@@ -2,7 +2,7 @@
 the gradient, so the replicas of L drift apart after the first step. Caught by replica_spread."""
 import torch
 
-from pitcheck.nn_sharded import ShardedPIT
+from pitcheck.model.nn_sharded import ShardedPIT
 
 
 def make(vocab_size, hidden_size, *, dtype=None, device="cpu", seed=0, rank, world_size):

@@ -4,7 +4,7 @@ On CUDA such an assert is asynchronous and sticky: embed returns, the error surf
 read, and from then on every CUDA call of the process raises it. Here embed of an out-of-range id returns
 a tensor that raises the assert's error when anything reads it, and marks this process's "context" lost:
 every later call of the module (and of the factory) raises the same error. The factory installs the
-matching detection in pitcheck's worker (pitcheck.validate.device.context_lost), which on the CPU would
+matching detection in pitcheck's worker (pitcheck.verbs.validate.device.context_lost), which on the CPU would
 otherwise never report a loss. Not a member of the zoo (leading underscore): a test stand-in, used by
 tests/test_validate_cuda_context.py.
 """
@@ -55,7 +55,7 @@ class StickyAssertPIT(LLtPIT):
 def install_detection() -> None:
     """The worker's check of the context sees this process's stand-in loss (and still a real one)."""
     try:
-        from pitcheck.validate import device
+        from pitcheck.verbs.validate import device
     except ImportError:  # a pitcheck without the check: the loss goes unseen, as on CUDA before it
         return
     if getattr(device.context_lost, "stand_in", False):

@@ -1,0 +1,91 @@
+"""Where a model's arrays live and in which dtype each precision format is held: numpy (the float64
+reference) or torch (any policy, on CPU or CUDA), with the policy's matmul emulated where the hardware
+does not do it natively.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..numerics.arrays import NumpyOps, TorchOps
+from ..infra.errors import PitcheckError
+from ..numerics.formats import FORMATS
+from ..numerics.policy import Policy
+
+
+def resolve_device(device: str) -> str:
+    import torch  # deferred: torch takes seconds to import, and the numpy backend never needs it
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PitcheckError(f"--device {device} asked for, but torch sees no CUDA device")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise PitcheckError(f"unknown device {device!r}; choose auto, cpu or cuda")
+    return device
+
+
+class ArrayBackend:
+    """The array ops, the device and a dtype per format for one policy: `to(x, fmt)` holds x in fmt."""
+
+    def __init__(self, name: str, policy: Policy, device: str = "auto"):
+        self.name = name
+        self.emulated: list[str] = []
+        if name == "numpy":
+            if policy.name != "fp64":
+                raise PitcheckError(
+                    f"the numpy backend is the float64 reference; run --precision {policy.name} "
+                    "with --backend torch"
+                )
+            self.device = "cpu"
+            self.ops = NumpyOps()
+            self.dtypes = {"fp64": np.float64}
+        elif name == "torch":
+            import torch  # deferred: see resolve_device
+
+            self.torch = torch
+            self.device = resolve_device(device)
+            self.dtypes = {
+                "fp64": torch.float64,
+                "fp32": torch.float32,
+                "tf32": torch.float32,
+                "bf16": torch.bfloat16,
+                "fp16": torch.float16,
+            }
+            on_cuda = self.device.startswith("cuda")
+            if on_cuda:
+                # tf32 is native on CUDA; set explicitly so fp32 really is fp32
+                torch.backends.cuda.matmul.allow_tf32 = policy.matmul == "tf32"
+                torch.backends.cudnn.allow_tf32 = policy.matmul == "tf32"
+            if policy.matmul == "tf32" and not on_cuda:
+                self.ops = TorchOps(matmul_format=FORMATS["tf32"])
+                self.emulated.append("tf32 matmul emulated on CPU by rounding operands to 11 bits")
+            elif policy.matmul in ("bf16", "fp16"):
+                self.ops = TorchOps(matmul_dtype=self.dtypes[policy.matmul], native=on_cuda)
+                if not on_cuda:
+                    self.emulated.append(f"{policy.matmul} matmul emulated on CPU: operands cast to "
+                                         f"{policy.matmul}, fp32 accumulation, result rounded")
+            else:
+                self.ops = TorchOps()
+            if policy.placement and on_cuda:
+                self.emulated.append(f"placement {policy.placement.name}: copies of Z and L cast with torch's float8 "
+                                     "dtypes where the recipe has a native path (pitcheck.native_float8); the "
+                                     "logits head, moments and gradients emulated in float64 (pitcheck.scaling)")
+            elif policy.placement:
+                self.emulated.append(f"placement {policy.placement.name} emulated bit-exactly in float64 on the "
+                                     "CPU (pitcheck.scaling), not native float8 GEMMs")
+        else:
+            raise PitcheckError(f"unknown backend {name!r}; choose numpy or torch")
+
+    def to(self, x, fmt: str):
+        """x held in format fmt on this backend (numpy: float64 whatever fmt, the reference's only format)."""
+        if self.name == "numpy":
+            return np.asarray(x, dtype=np.float64)
+        if isinstance(x, np.ndarray):
+            x = self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).to(self.device)
+        dtype = self.dtypes[fmt]
+        # x itself when it is held so already, as Tensor.to returns it, without its call (about 1 us, and a
+        # batched step makes two dozen)
+        return x if x.dtype is dtype else x.to(dtype)
+
+    def numpy(self, x) -> np.ndarray:
+        return self.ops.to_numpy(x)

@@ -1,0 +1,81 @@
+"""Precision policies: where every quantity of a PIT model lives.
+
+A policy names the storage format of Z and L (what the model computes with, embedding and head), the
+master copy the optimizer updates (mixed policies keep it in fp32), the dtype of factorisations and
+solves (torch has no half-precision QR/SVD/eigh/Cholesky/triangular solve, so those are upcast), the
+matmul precision of the optimizer step and retraction, the gradient format and whether fp16 loss
+scaling is on, and optionally a placement (pitcheck.numerics.placement): which of PIT's tensors pass through an
+8- or 4-bit format and its scaling recipe. `describe()` goes into every run's manifest.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..infra.errors import PitcheckError
+from .formats import FORMATS
+from .placement import Placement, get_placement
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    storage: str  # format of the Z and L the model computes with
+    master: str  # format the optimizer updates (== storage unless mixed)
+    factor: str  # dtype of QR/SVD/eigh/Cholesky/triangular solves
+    matmul: str  # format of matmul operands in the optimizer step and retraction (fp32 accumulation)
+    gradient: str  # format gradients arrive in
+    loss_scaling: bool = False
+    placement_name: str = ""  # pitcheck.numerics.placement: the tensors in 8- or 4-bit formats ("" none)
+
+    @property
+    def placement(self) -> Placement | None:
+        return get_placement(self.placement_name) if self.placement_name else None
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff of the coarsest format the maps' data passes through: the unit errors are reported in."""
+        placed = self.placement.u() if self.placement else 0.0
+        return max(FORMATS[self.storage].u, FORMATS[self.matmul].u, placed)
+
+    @property
+    def mixed(self) -> bool:
+        return self.master != self.storage
+
+    def describe(self) -> dict:
+        d = asdict(self)
+        del d["placement_name"]  # the manifests of policies without one stay as they were
+        if self.placement:
+            d["placement"] = self.placement.describe()
+        d["u"] = self.u
+        return d
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in [
+        Policy("fp64", "fp64", "fp64", "fp64", "fp64", "fp64"),
+        Policy("fp32", "fp32", "fp32", "fp32", "fp32", "fp32"),
+        Policy("tf32", "fp32", "fp32", "fp32", "tf32", "fp32"),
+        Policy("bf16", "bf16", "bf16", "fp32", "bf16", "bf16"),
+        Policy("fp16", "fp16", "fp16", "fp32", "fp16", "fp16", loss_scaling=True),
+        # as under AMP, the optimizer step (retraction included) runs on the fp32 master in fp32
+        Policy("bf16-mixed", "bf16", "fp32", "fp32", "fp32", "bf16"),
+        Policy("fp16-mixed", "fp16", "fp32", "fp32", "fp32", "fp16", loss_scaling=True),
+        # fp32 training with one placement each (pitcheck.numerics.placement): the precision frontier
+        *(Policy(name, "fp32", "fp32", "fp32", "fp32", "fp32", placement_name=placement)
+          for name, placement in (("fp8-logits", "logits-tensor"), ("fp8-logits-block", "logits-block"),
+                                  ("mxfp8-logits", "logits-mxfp8"),
+                                  ("mxfp8-rceil-logits", "logits-mxfp8-rceil"), ("fp8-gathered-z", "gathered-z"),
+                                  ("fp8-adam", "adam-fp8"), ("fp8-store", "store-fp8"),
+                                  ("mxfp8-store", "store-mxfp8"), ("nvfp4-store", "store-nvfp4"),
+                                  ("fp8-logits-delayed", "logits-delayed"), ("fp8-adam-delayed", "adam-fp8-delayed"),
+                                  ("nvfp4-grad", "grad-nvfp4"), ("nvfp4-grad-sr", "grad-nvfp4-sr"))),
+    ]
+}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise PitcheckError(f"unknown precision {name!r}; choose from {', '.join(POLICIES)}") from None

@@ -1,0 +1,328 @@
+"""Scaling recipes: how a tensor is put into an 8- or 4-bit element format through scales, and back.
+
+Each recipe quantises x into element values (each exactly representable in the recipe's element
+format) and decode scales, one per block, so that the dequantised tensor is
+    x_hat = values * scale(block) * global_scale.
+Blocks are rectangles of x: the whole tensor (per-tensor recipes), 1 x n along one axis (`axis`, the
+orientation: quantising x along its rows and transposing differs from quantising x.T along its rows),
+or n x n tiles of the last two axes (the same tiles either way round). A partial block at an edge is
+a shorter block. All arithmetic is float64 on the CPU: a scaled value x * s or x / s is formed once
+(exactly for fp32 or bf16 input with a power-of-two scale; one float64 rounding otherwise, where the
+hardware rounds to fp32) and rounded once to the element format, saturating (OFP8's satfinite
+conversion), by round to nearest even or stochastic rounding. A NaN or infinity in a block makes that
+block's scale, and so its values, NaN: the failure shows instead of vanishing into a saturated value
+(except under delayed scaling, whose scale comes from earlier tensors: there an infinity saturates, as
+TE's satfinite cast does, and a NaN stays NaN).
+
+Recipes (get_recipe(name) makes a fresh one; the delayed-scaling recipe has state):
+  tensor-current        one fp32 scale fmax / amax per tensor (Transformer Engine's current scaling)
+  tensor-current-pow2   the same scale rounded down to a power of two (TE's force_pow_2_scales)
+  tensor-delayed        TE's DelayedScaling: the scale comes from an amax history window
+  block-1x128           DeepSeek-V3's activation tiles: fp32 scale amax / fmax per 1 x 128 block
+  block-128x128         DeepSeek-V3's weight blocks: fp32 scale per 128 x 128 tile
+  mxfp8, mxfp8-e5m2, mxfp4   OCP MX v1.0: 1 x 32 blocks, E8M0 scale 2^(floor(log2 amax) - emax_elem)
+  mxfp8-rceil           MX with NVIDIA's scale rule 2^ceil(log2(amax / fmax)) (no saturation needed)
+  nvfp4                 E2M1 in 1 x 16 blocks, an E4M3 scale per block, an fp32 global scale
+                        amax / (6 * 448) per tensor
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..infra.errors import PitcheckError
+from .formats import E8M0_BIAS, E8M0_NAN, FORMATS, e8m0_decode, get_format, round_to
+
+FP32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class Quantised:
+    """A tensor in a scaled low-precision format. values has x's shape; scales has one entry per block
+    (x's shape divided by `block`, rounded up); x_hat = values * scales (per block) * global_scale."""
+
+    values: np.ndarray
+    scales: np.ndarray
+    element: str
+    block: tuple
+    global_scale: float = 1.0
+    scale_codes: np.ndarray | None = None  # E8M0 codes of MX scales
+
+    def dequantise(self) -> np.ndarray:
+        return self.values * _expand(self.scales, self.block, self.values.shape) * self.global_scale
+
+
+def _fp32(x):
+    return round_to(np.asarray(x, dtype=np.float64), FORMATS["fp32"])
+
+
+def _block_shape(shape: tuple, block: tuple | None, axis: int | None) -> tuple:
+    """The block as a tuple over x's axes: block=None is the whole tensor; a 1-tuple runs along
+    `axis`; a 2-tuple covers the last two axes."""
+    if block is None:
+        return tuple(shape)
+    if len(block) == 1:
+        if not shape:
+            raise PitcheckError("a block recipe needs an array with at least one axis")
+        if not -len(shape) <= axis < len(shape):
+            raise PitcheckError(f"axis {axis} is out of range for an array of {len(shape)} axes")
+        out = [1] * len(shape)
+        out[axis % len(shape)] = block[0]
+        return tuple(out)
+    if len(shape) < 2:
+        raise PitcheckError(f"a {block[0]} x {block[1]} block recipe needs a matrix, got shape {tuple(shape)}")
+    return (1,) * (len(shape) - 2) + tuple(block)
+
+
+def _block_amax(a: np.ndarray, block: tuple) -> np.ndarray:
+    """max |a| over each block (NaN where a block holds a NaN); blocks at the edges may be shorter."""
+    padded = np.pad(np.abs(a), [(0, -n % b) for n, b in zip(a.shape, block)])
+    split = []
+    for n, b in zip(padded.shape, block):
+        split += [n // b, b]
+    return padded.reshape(split).max(axis=tuple(range(1, 2 * a.ndim, 2)), initial=0.0)
+
+
+def _expand(scales: np.ndarray, block: tuple, shape: tuple) -> np.ndarray:
+    out = scales
+    for axis, (b, n) in enumerate(zip(block, shape)):
+        out = np.repeat(out, b, axis=axis)[(slice(None),) * axis + (slice(0, n),)]
+    return out
+
+
+def _to_numpy(x) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().double().numpy()
+    a = np.asarray(x)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise PitcheckError(f"cannot quantise an array of {a.dtype}")
+    return a.astype(np.float64)
+
+
+def _like(a: np.ndarray, x):
+    """a (float64) as x's kind: a numpy array, or a float64 torch tensor on x's device."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(a).to(x.device)
+    return a
+
+
+def _cast(scaled: np.ndarray, element: str, rounding: str, rng) -> np.ndarray:
+    return round_to(scaled, FORMATS[element], mode=rounding, rng=rng, saturate=True)
+
+
+@dataclass
+class Recipe:
+    """Base of the recipes: quantise(x) -> Quantised, fake_quant(x) -> x_hat (x's kind, float64)."""
+
+    element: str = "fp8-e4m3"
+    name: str = ""
+
+    def quantise(self, x, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
+        return self._quantise(_to_numpy(x), axis, rounding, rng)
+
+    def fake_quant(self, x, axis: int = -1, rounding: str = "nearest", rng=None):
+        return _like(self.quantise(x, axis=axis, rounding=rounding, rng=rng).dequantise(), x)
+
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+        raise NotImplementedError
+
+
+def _tensor_scale(amax: float, fmax: float, margin: float, pow2: bool) -> float:
+    """TE's encode scale fmax / amax / 2^margin in fp32 (saturated to fp32's max for a tiny amax),
+    optionally rounded down to a power of two; 1 for a zero amax."""
+    if amax == 0:
+        return 1.0
+    scale = float(_fp32(fmax / amax / 2.0**margin))
+    scale = min(scale, FP32_MAX)
+    if pow2:
+        scale = 2.0 ** math.floor(math.log2(scale))
+    return scale
+
+
+def _tensor_quantised(a: np.ndarray, scale: float, element: str, rounding: str, rng) -> Quantised:
+    values = _cast(a * scale, element, rounding, rng)
+    decode = float(_fp32(1.0 / scale))  # TE's scale_inv, the fp32 reciprocal the GEMM multiplies by
+    return Quantised(values, np.array(decode).reshape((1,) * a.ndim), element, tuple(a.shape))
+
+
+@dataclass
+class TensorCurrent(Recipe):
+    """Per-tensor current scaling: scale = fmax / max(amax, amax_epsilon) from this tensor, values =
+    RN_sat(x scale), decode scale = fp32(1 / scale). Models TE's Float8CurrentScaling (its
+    force_pow_2_scales and amax_epsilon options); leaves out the amax all-reduce across ranks."""
+
+    pow2: bool = False
+    amax_epsilon: float = 0.0
+
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+        amax = float(np.max(np.abs(a), initial=0.0))
+        if not math.isfinite(amax):
+            return _nan_quantised(a, self.element)
+        return _tensor_quantised(a, _tensor_scale(max(amax, self.amax_epsilon), FORMATS[self.element].max,
+                                                  0, self.pow2), self.element, rounding, rng)
+
+
+@dataclass
+class TensorDelayed(Recipe):
+    """Per-tensor delayed scaling as TE's DelayedScaling: a tensor is cast with the scale computed
+    from the amax history of earlier calls (1 before any), then its own amax enters the history (the
+    last history_len amaxes) and the scale is recomputed as fmax / amax_h / 2^margin, amax_h the
+    history's max ("max") or its newest entry ("most_recent"); a zero or non-finite amax_h keeps the
+    previous scale, as TE does. Values beyond the range saturate. Leaves out: the amax reduction
+    across ranks, the old `interval` option and custom amax/scale callables."""
+
+    history_len: int = 1024
+    algo: str = "max"
+    margin: float = 0.0
+    scale: float = 1.0
+    history: list = field(default_factory=list)  # newest first
+
+    def __post_init__(self):
+        if self.algo not in ("max", "most_recent"):
+            raise PitcheckError(f"unknown amax_compute_algo {self.algo!r}; choose max or most_recent")
+        if self.history_len < 1:
+            raise PitcheckError(f"amax history length must be at least 1, got {self.history_len}")
+
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+        out = _tensor_quantised(a, self.scale, self.element, rounding, rng)
+        self.history = [float(np.max(np.abs(a), initial=0.0))] + self.history[: self.history_len - 1]
+        amax = max(self.history) if self.algo == "max" else self.history[0]
+        if amax > 0 and math.isfinite(amax):  # else TE keeps the previous scale
+            self.scale = _tensor_scale(amax, FORMATS[self.element].max, self.margin, False)
+        return out
+
+
+def _nan_quantised(a: np.ndarray, element: str) -> Quantised:
+    nan = np.full(a.shape, np.nan)
+    return Quantised(nan, np.full((1,) * a.ndim, np.nan), element, tuple(a.shape))
+
+
+@dataclass
+class BlockFP32(Recipe):
+    """DeepSeek-V3's fine-grained scaling: per block, decode scale s = fp32(amax / fmax), values =
+    RN_sat(x / s). block=(1, 128) runs along `axis` (activations); (128, 128) tiles the last two
+    axes (weights). An all-zero block gets scale 1. Leaves out the GEMM's promotion of partial sums to
+    fp32 every 128 products (an accumulation rule, not a storage one)."""
+
+    block: tuple = (128,)
+
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+        block = _block_shape(a.shape, self.block, axis)
+        amax = _block_amax(a, block)
+        scales = _fp32(amax / FORMATS[self.element].max)
+        scales = np.where(amax > 0, scales, 1.0)
+        scales = np.where(np.isfinite(amax), scales, np.nan)
+        values = _cast(a / _expand(scales, block, a.shape), self.element, rounding, rng)
+        return Quantised(values, scales, self.element, block)
+
+
+@dataclass
+class MX(Recipe):
+    """OCP MX v1.0: per 1 x 32 block along `axis`, the shared scale X = 2^(floor(log2 amax) -
+    emax_elem) stored as E8M0 (exponent clamped to [-127, 127]; an all-zero block gets 2^-127), values
+    = RN_sat(x / X). With scale_rounding="ceil" (NVIDIA's RCEIL) X = 2^ceil(log2(amax / fmax)), the
+    smallest power of two that brings amax within range. Leaves out the spec's other element types
+    (FP6, INT8)."""
+
+    block: tuple = (32,)
+    scale_rounding: str = "floor"
+
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+        fmt = FORMATS[self.element]
+        block = _block_shape(a.shape, self.block, axis)
+        amax = _block_amax(a, block)
+        # an all-zero (or NaN) block gets a tiny stand-in, whose exponent clamps to E8M0's 2^-127
+        safe = np.where(amax > 0, amax, 2.0**-200)
+        e = np.frexp(safe)[1]  # safe = m 2^e, 1/2 <= m < 1
+        if self.scale_rounding == "floor":
+            exponent = e - 1 - fmt.emax  # floor(log2 amax) - emax_elem, exactly
+        else:
+            # the smallest k with amax <= fmax 2^k: with fmax = f 2^g (1/2 <= f < 1), k is e - g when
+            # amax <= f 2^e and e - g + 1 otherwise (exact comparisons, no logarithm)
+            f, g = np.frexp(fmt.max)
+            exponent = e - g + (safe > np.ldexp(f, e))
+        codes = (np.clip(exponent, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).astype(np.uint8)
+        codes = np.where(np.isfinite(amax), codes, np.uint8(E8M0_NAN)).astype(np.uint8)
+        scales = e8m0_decode(codes)
+        values = _cast(a / _expand(scales, block, a.shape), self.element, rounding, rng)
+        return Quantised(values, scales, self.element, block, scale_codes=codes)
+
+
+@dataclass
+class NVFP4(Recipe):
+    """NVIDIA's NVFP4: a per-tensor fp32 global scale g = fp32(amax / (6 * 448)), per 1 x 16 block
+    along `axis` an E4M3 scale s = RN_sat_e4m3(amax_block / (6 g)), values = RN_sat_e2m1(x / (s g)),
+    x_hat = values s g. A block whose scale rounds to 0 dequantises to 0; an all-zero tensor gets
+    g = 1. Leaves out the random Hadamard transform and 2-D (16 x 16) weight scaling of NVIDIA's
+    training recipe; stochastic rounding is the caller's `rounding`."""
+
+    element: str = "fp4-e2m1"
+    block: tuple = (16,)
+
+    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+        fmt, scale_fmt = FORMATS[self.element], FORMATS["fp8-e4m3"]
+        block = _block_shape(a.shape, self.block, axis)
+        tensor_amax = float(np.max(np.abs(a), initial=0.0))
+        if not math.isfinite(tensor_amax):
+            return _nan_quantised(a, self.element)
+        g = float(_fp32(tensor_amax / (fmt.max * scale_fmt.max))) if tensor_amax > 0 else 1.0
+        amax = _block_amax(a, block)
+        scales = round_to(amax / (fmt.max * g), scale_fmt, saturate=True)
+        divisor = _expand(scales, block, a.shape) * g
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale: its block is set to 0 below
+            values = _cast(a / divisor, self.element, rounding, rng)
+        values = np.where(divisor > 0, values, 0.0)
+        return Quantised(values, scales, self.element, block, global_scale=g)
+
+
+RECIPES = {
+    "tensor-current": lambda: TensorCurrent(name="tensor-current"),
+    "tensor-current-pow2": lambda: TensorCurrent(name="tensor-current-pow2", pow2=True),
+    "tensor-delayed": lambda: TensorDelayed(name="tensor-delayed"),
+    "block-1x128": lambda: BlockFP32(name="block-1x128"),
+    "block-128x128": lambda: BlockFP32(name="block-128x128", block=(128, 128)),
+    "mxfp8": lambda: MX(name="mxfp8"),
+    "mxfp8-e5m2": lambda: MX(name="mxfp8-e5m2", element="fp8-e5m2"),
+    "mxfp8-rceil": lambda: MX(name="mxfp8-rceil", scale_rounding="ceil"),
+    "mxfp4": lambda: MX(name="mxfp4", element="fp4-e2m1"),
+    "nvfp4": lambda: NVFP4(name="nvfp4"),
+}
+ELEMENT_FORMATS = ("fp8-e4m3", "fp8-e5m2", "fp4-e2m1")
+
+
+def get_recipe(name: str, **options) -> Recipe:
+    """A fresh recipe by name (fresh state for tensor-delayed); options override its fields
+    (element, margin, history_len, algo, ...)."""
+    try:
+        recipe = RECIPES[name]()
+    except KeyError:
+        raise PitcheckError(f"unknown scaling recipe {name!r}; choose from {', '.join(RECIPES)}") from None
+    for key, value in options.items():
+        if not hasattr(recipe, key) or key in ("name", "history", "scale"):
+            raise PitcheckError(f"scaling recipe {name!r} has no option {key!r}")
+        setattr(recipe, key, value)
+    get_format(recipe.element)
+    if recipe.element not in ELEMENT_FORMATS:
+        raise PitcheckError(f"element format {recipe.element!r} is not one of {', '.join(ELEMENT_FORMATS)}")
+    if isinstance(recipe, TensorDelayed):
+        recipe.__post_init__()
+    if isinstance(recipe, MX) and recipe.scale_rounding not in ("floor", "ceil"):
+        raise PitcheckError(f"unknown MX scale rounding {recipe.scale_rounding!r}; choose floor or ceil")
+    return recipe
+
+
+def quantise(x, recipe: str | Recipe, axis: int = -1, rounding: str = "nearest", rng=None) -> Quantised:
+    if isinstance(recipe, str):
+        recipe = get_recipe(recipe)
+    return recipe.quantise(x, axis=axis, rounding=rounding, rng=rng)
+
+
+def fake_quant(x, recipe: str | Recipe, axis: int = -1, rounding: str = "nearest", rng=None):
+    """x through the recipe and back: the tensor a low-precision GEMM or store sees (float64)."""
+    if isinstance(recipe, str):
+        recipe = get_recipe(recipe)
+    return recipe.fake_quant(x, axis=axis, rounding=rounding, rng=rng)
