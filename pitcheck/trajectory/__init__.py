@@ -1,6 +1,6 @@
 """Long trajectories of a PIT model under adversarial gradients, written to a run directory.
 
-A run directory (rundir.py) holds manifest.json (config, versions, policy), metrics.csv (one row per
+A run directory (infra/rundir.py) holds manifest.json (config, versions, policy), metrics.csv (one row per
 recorded step: log-spaced plus the last), events.jsonl (skipped steps, breakdowns, threshold crossings)
 and checkpoint.npz (the state at the last commit). Every recorded step is one commit of all four files,
 so a run killed at any instant leaves a consistent directory that `resume=True` continues with

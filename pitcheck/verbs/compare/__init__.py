@@ -67,7 +67,7 @@ def compare(out: Path | str, grid: Grid, executor: str = "local", workers: int |
     Every cell not finished in out/cells/ runs (or resumes; all of them with `force`) on `executor`
     ("local": a pool of `workers` processes, default one per core; "ray": the cluster at `address`, or a
     local runtime; up to `batch` cells of one shape, precision and retraction stepped together, with the
-    files and numbers of cells run alone: sweep/batches.py), then out/summary.csv, cost.csv, report.md and
+    files and numbers of cells run alone: batches.py), then out/summary.csv, cost.csv, report.md and
     the plots are written. A progress bar goes to stderr when `progress` is true (None: only on a terminal).
 
     Returns {"rows": the summary rows, "cells", "computed", "wall_seconds", "cell_seconds", "executor",

@@ -22,7 +22,7 @@ def sweep(out: Path | str, grid: Grid, executor: str = "local", workers: int | N
           batch: int = DEFAULT_BATCH) -> dict:
     """Run every cell of the grid that is not finished (all of them with `force`), then summarise.
 
-    batch: at most this many cells of one shape, precision and retraction stepped together (sweep/batches.py;
+    batch: at most this many cells of one shape, precision and retraction stepped together (batches.py;
     1: every cell alone); their files and numbers are those of cells run alone.
 
     Returns {"rows": summary rows, "cells": n, "computed": n, "wall_seconds": s, "cell_seconds": s,
