@@ -7,7 +7,7 @@ it takes an adversary's; the body (positions, transformer blocks) is the source'
 its own Adam, checkpointed with the run. The float64 shadow runs its own body on the same token batches.
 
 Only numpy is imported here: torch loads when a source is built. Importing this package registers the
-source (sources.STATEFUL_SOURCES) and its stateless stand-in (gradients.GRADIENT_MODELS) as `lm`.
+source (stateful.STATEFUL_SOURCES) and its stateless stand-in (gradients.GRADIENT_MODELS) as `lm`.
 """
 from __future__ import annotations
 
