@@ -10,10 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pitcheck
 from pitcheck.verbs import compare as sw
 from pitcheck.infra.errors import PitcheckError
 from pitcheck.verbs.compare.summary import growth_exponent
 from pitcheck.trajectory import run
+
+GRIDS = Path(pitcheck.__file__).parent / "grids"  # the built-in grids, package data at the root
 
 TINY = """
 steps = 60
@@ -44,7 +47,7 @@ def test_builtin_grids_load_and_cover_what_the_issue_asks():
 
     # the default grid: every policy without a placement; the placed ones (8- and 4-bit) have their own grid
     assert set(default.axes["precision"]) == {n for n, p in POLICIES.items() if not p.placement}
-    fp8 = sw.load_grid(str(Path(sw.__file__).parents[1] / "grids" / "fp8.toml"))
+    fp8 = sw.load_grid(str(GRIDS / "fp8.toml"))
     assert {n for n, p in POLICIES.items() if p.placement} | {"fp32"} == set(fp8.axes["precision"])
     from pitcheck.model.retractions import APPROXIMATE, RETRACTIONS
 
@@ -56,7 +59,7 @@ def test_builtin_grids_load_and_cover_what_the_issue_asks():
     assert len(sw.cells(default)) == len(established) * 7 * 2 * 3
     # issue 20's grid: every map but the plain step (approximate ones included, to show what they cost)
     # x fp32, bf16, bf16-mixed x the two gradient models, at V/D = 16 and 256
-    frontier = sw.load_grid(str(Path(sw.__file__).parents[1] / "grids" / "frontier.toml"))
+    frontier = sw.load_grid(str(GRIDS / "frontier.toml"))
     assert set(frontier.axes["retraction"]) == set(RETRACTIONS) - {"none"}
     assert set(APPROXIMATE) < set(frontier.axes["retraction"])
     assert set(frontier.axes["precision"]) == {"fp32", "bf16", "bf16-mixed"}
