@@ -184,7 +184,7 @@ def test_a_failed_matrix_in_the_stack_warns_nothing():
     import numpy as np
 
     from pitcheck.numerics.arrays import NumpyOps
-    from pitcheck.model.batched_retractions import StackedOps, stacked_polar_gram
+    from pitcheck.model.retractions import StackedOps, stacked_polar_gram
     from pitcheck.numerics.reference import random_memory
 
     Z = np.stack([random_memory(16, 4, np.random.default_rng(k)) for k in range(2)])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck.model import batched_retractions as BR
+from pitcheck.model.retractions import stacked as BR
 from pitcheck.numerics.arrays import TorchOps
-from pitcheck.model.batched_retractions import StackedOps
+from pitcheck.model.retractions.stacked import StackedOps
 
 SPECIAL = [np.inf, -np.inf, np.nan, 0.0, -0.0, 20.0, -20.0, 30.0, -88.0, 1e-45, 1e-30]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck.model import batched_retractions as BR
+from pitcheck.model import retractions as BR
 from pitcheck.numerics.arrays import NumpyOps, TorchOps
 from pitcheck.numerics.formats import FORMATS
 from pitcheck.model.retractions import RetractionError, retract_polar_ns

@@ -7,7 +7,7 @@ import torch
 
 from pitcheck import PitcheckError
 from pitcheck.numerics.arrays import NumpyOps, TorchOps
-from pitcheck.model.batched_retractions import STACKED_RETRACTIONS, StackedOps
+from pitcheck.model.retractions import STACKED_RETRACTIONS, StackedOps
 from pitcheck.model.retractions import RETRACTIONS, retract_qr
 
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from pitcheck.model import retractions as R
+from pitcheck.model.retractions import qr as R
 from pitcheck.numerics.arrays import NumpyOps, TorchOps
-from pitcheck.model.batched_retractions import StackedOps, stacked_qr
+from pitcheck.model.retractions import StackedOps, stacked_qr
 from pitcheck.numerics.formats import get_format
 from pitcheck.model.retractions import QR_BY_SOLVE_MIN_ELEMENTS, retract_qr, tangent_projection
 

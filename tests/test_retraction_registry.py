@@ -53,3 +53,51 @@ def test_table_order():
         "cholqr3-shifted", "gram-ns", "landing", "none", "polar-express", "rcqr"]
     # names not registered (a benchmark's peers) are left to the caller
     assert R.in_table_order(["qr", "geotorch", "cholqr"]) == ["cholqr", "qr"]
+
+
+# which forms each map has: a map registered without a stacked or sharded form shows up here
+FORMS = {
+    "none": {"single", "sharded"},
+    "polar": {"single", "stacked", "sharded"},
+    "polar-gram": {"single", "stacked", "sharded"},
+    "polar-ns": {"single", "stacked", "sharded"},
+    "qr": {"single", "stacked", "sharded"},
+    "cholqr": {"single", "stacked", "sharded"},
+    "cholqr2": {"single", "stacked", "sharded"},
+    "ns5": {"single", "sharded"},
+    "cayley": {"single", "stacked", "sharded"},
+    "cayley-iter": {"single", "stacked"},
+    "polar-express": {"single"},
+    "gram-ns": {"single"},
+    "rcqr": {"single"},
+    "cholqr3-shifted": {"single"},
+    "landing": {"single"},
+}
+
+
+def test_each_map_has_the_forms_listed():
+    assert {name: set(r.forms) for name, r in R.RECORDS.items()} == FORMS
+    # the stacked view is the records' stacked forms, each behind the shape check and named for its map
+    assert R.STACKED_RETRACTIONS == {n: r.stacked for n, r in R.RECORDS.items() if r.stacked is not None}
+    for name, form in R.STACKED_RETRACTIONS.items():
+        assert isinstance(form, R.StackedMap) and form.name == name and form.stacked
+
+
+def test_the_sharded_forms_are_the_ones_the_records_name():
+    pytest.importorskip("torch")
+    from pitcheck.model import sharded
+
+    assert list(sharded.SHARDED_RETRACTIONS) == [n for n, r in R.RECORDS.items() if r.sharded]
+    for name, form in sharded.SHARDED_RETRACTIONS.items():
+        assert R.RECORDS[name].sharded_form() is form is sharded.get_sharded_retraction(name)
+    assert R.RECORDS["landing"].sharded_form() is None
+
+
+def test_the_registry_refuses_a_second_map_or_stacked_form_under_one_name():
+    with pytest.raises(PitcheckError, match="'qr' is registered twice"):
+        R.register("qr", "#000000", ".", table_order=99)(lambda Z, xi, ops=None: Z)
+    with pytest.raises(PitcheckError, match="'qr' has a stacked form already"):
+        R.stacked_form("qr")(lambda Z, xi, ops: Z)
+    with pytest.raises(PitcheckError, match="'nope': no map of that name"):
+        R.stacked_form("nope")(lambda Z, xi, ops: Z)
+    assert "nope" not in R.RECORDS and R.RECORDS["qr"].fn is R.retract_qr

@@ -776,7 +776,7 @@ def test_cayley_issues_five_v_sized_gemms_and_no_tall_copies():
     V, D = 3000, 16
     Z, xi = _near_manifold(V, D, 0, torch.float64)
     ops = _CountingOps(V)
-    import pitcheck.model.retractions as R
+    import pitcheck.model.retractions.cayley as R
     real = R._add_products
     counted = []
 

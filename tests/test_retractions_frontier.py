@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from pitcheck.model import retractions as R
+from pitcheck.model.retractions import frontier as R
 from pitcheck.numerics.arrays import NumpyOps, ops_for
 from tests import test_retractions as guards
 

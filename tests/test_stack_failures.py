@@ -18,7 +18,7 @@ import torch
 
 from pitcheck.numerics.arrays import NumpyOps, TorchOps
 from pitcheck.model.batched_engine import StackedPit
-from pitcheck.model.batched_retractions import STACKED_RETRACTIONS, StackedOps
+from pitcheck.model.retractions import STACKED_RETRACTIONS, StackedOps
 from pitcheck.model.engine import Engine, StepSettings
 from pitcheck.model.gradients import AdversaryParams
 from pitcheck.numerics.policy import get_policy

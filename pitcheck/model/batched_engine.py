@@ -23,7 +23,8 @@ import numpy as np
 
 from . import amp
 from .amp import fits
-from .batched_retractions import STACKED_RETRACTIONS, StackedOps, tangent_projection
+from .retractions import STACKED_RETRACTIONS
+from .retractions.stacked import StackedOps, tangent_projection
 from ..numerics.formats import overflow_threshold
 
 

@@ -38,19 +38,21 @@ PLANTED = [
     ("pitcheck/numerics/reference.py", "return y + np.log(-np.expm1(-y))", "return y - np.log(-np.expm1(-y))",
      "tests/test_reference.py::test_softplus_inverse_sign_and_closed_form"),
     # the tangent projection without its symmetrisation
-    ("pitcheck/model/retractions.py", "return G - ops.matmul(Z, _sym(ops.matmul(Z.T, G)))",
+    ("pitcheck/model/retractions/common.py", "return G - ops.matmul(Z, _sym(ops.matmul(Z.T, G)))",
      "return G - ops.matmul(Z, ops.matmul(Z.T, G))",
      "tests/test_retractions.py::test_tangent_projection_symmetrises_a_non_symmetric_ZtG"),
     # polar-ns coefficients changed: a wrong fixed point ...
-    ("pitcheck/model/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.5 * eye - 0.45 * G)",
+    ("pitcheck/model/retractions/polar.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.5 * eye - 0.45 * G)",
      "tests/test_retractions.py::test_polar_retractions_give_the_exact_polar_factor"),
     # ... or the right fixed point reached linearly, not quadratically
-    ("pitcheck/model/retractions.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.4 * eye - 0.4 * G)",
+    ("pitcheck/model/retractions/polar.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.4 * eye - 0.4 * G)",
      "tests/test_retractions.py::test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold"),
     # cayley-iter with one iteration instead of two
-    ("pitcheck/model/retractions.py", "iterations: int = 2", "iterations: int = 1",
+    ("pitcheck/model/retractions/cayley.py", "retract_cayley_iter(Z, xi, ops=None, iterations: int = 2)",
+     "retract_cayley_iter(Z, xi, ops=None, iterations: int = 1)",
      "tests/test_retractions.py::test_cayley_iter_two_iterations_in_closed_form"),
-    ("pitcheck/model/retractions.py", "iterations: int = 2", "iterations: int = 1",
+    ("pitcheck/model/retractions/cayley.py", "retract_cayley_iter(Z, xi, ops=None, iterations: int = 2)",
+     "retract_cayley_iter(Z, xi, ops=None, iterations: int = 1)",
      "tests/test_retractions.py::test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
 ]
 

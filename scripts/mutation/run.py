@@ -51,11 +51,21 @@ DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_f
 # (tests/oracle.py), not a module of pitcheck: it is not mutated here. The test_pins_* names after the
 # module's own test file are the boundary tables not yet folded into it (issue 15): once folded they no
 # longer exist and are ignored; delete them then.
+RETRACTION_TESTS = ["tests/test_retractions.py", "tests/test_retraction_registry.py",
+                    "tests/test_retractions_frontier.py", "tests/test_qr_by_solve.py"]
+# a file with stacked forms beside its maps: the tests that hold those forms to the one-matrix ones too
+STACKED_TESTS = ["tests/test_hostile_retractions.py", "tests/test_stack_failures.py", "tests/test_batched_polar_ns.py"]
 MODULES: dict[str, list[str]] = {
     "numerics/metrics": ["tests/test_metrics.py", "tests/test_metrics_validation.py"],
     "numerics/reference": ["tests/test_reference.py"],
-    "model/retractions": ["tests/test_retractions.py", "tests/test_retraction_registry.py",
-                          "tests/test_retractions_frontier.py", "tests/test_qr_by_solve.py"],
+    "model/retractions/registry": RETRACTION_TESTS,
+    "model/retractions/common": RETRACTION_TESTS,
+    "model/retractions/none": RETRACTION_TESTS,
+    "model/retractions/polar": RETRACTION_TESTS + STACKED_TESTS,
+    "model/retractions/qr": RETRACTION_TESTS + STACKED_TESTS,
+    "model/retractions/ns5": RETRACTION_TESTS,
+    "model/retractions/cayley": RETRACTION_TESTS + STACKED_TESTS,
+    "model/retractions/frontier": RETRACTION_TESTS,
     "numerics/formats": ["tests/test_formats.py"],
     "numerics/policy": ["tests/test_formats.py", "tests/test_policy.py"],
     "numerics/scaling": ["tests/test_scaling.py"],

@@ -9,6 +9,9 @@ the stack, its Q block applied back, signs fixed so diag(R) > 0 as the single-pr
 `polar` is TSQR followed by the SVD of the D x D R. Cayley's low-rank form needs three D x D Grams,
 all-reduced as one packed buffer. None forms a V x V matrix or gathers Z.
 
+Which map has a distributed form is its record's in pitcheck.model.retractions (`sharded=` names the
+function here); SHARDED_RETRACTIONS is that view.
+
 The result equals the single-process retraction to within rounding, not bitwise: the Gram's sum runs in a
 different order (see tests/test_sharded.py for the bound and the measured distance).
 """
@@ -21,22 +24,12 @@ import torch.distributed as dist
 
 from ...numerics.arrays import TorchOps
 from ...infra.errors import PitcheckError
-from ..retractions import (NS5_COEFFICIENTS, RetractionError, _add_products, _contiguous, _sym,
+from ..retractions import (NS5_COEFFICIENTS, RECORDS, RetractionError, _add_products, _contiguous, _sym,
                            _upper_inverse_right)
 from .comm import all_reduce_sum, allreduce_dtype as _check_dtype, rank_and_size
 
-SHARDED_RETRACTIONS: dict[str, Callable] = {}
-
-
-def register(name: str):
-    def deco(fn):
-        SHARDED_RETRACTIONS[name] = fn
-        return fn
-
-    return deco
-
-
 def get_sharded_retraction(name: str) -> Callable:
+    """The distributed form of the registered map `name`."""
     try:
         return SHARDED_RETRACTIONS[name]
     except KeyError:
@@ -60,7 +53,6 @@ def tangent_projection(Z, G, group=None, allreduce_dtype=None):
     return G - Z @ _sym(gram(Z, G, group, _check_dtype(allreduce_dtype)))
 
 
-@register("none")
 def retract_none(Z, xi, group=None, allreduce_dtype=None):
     return Z + xi
 
@@ -72,7 +64,6 @@ def _cholesky(G, name):
         raise RetractionError(f"{name}: Gram matrix not positive definite ({type(exc).__name__})") from None
 
 
-@register("cholqr")
 def retract_cholqr(Z, xi, group=None, allreduce_dtype=None):
     """Cholesky-QR with the Gram all-reduced; the apply Y R^{-1} is local."""
     dtype = _check_dtype(allreduce_dtype)
@@ -81,7 +72,6 @@ def retract_cholqr(Z, xi, group=None, allreduce_dtype=None):
     return _contiguous(torch.linalg.solve_triangular(C, Y.T, upper=False).T)
 
 
-@register("cholqr2")
 def retract_cholqr2(Z, xi, group=None, allreduce_dtype=None):
     """Cholesky-QR twice: two all-reduced Grams, two local applies."""
     ops, dtype = TorchOps(), _check_dtype(allreduce_dtype)
@@ -90,7 +80,6 @@ def retract_cholqr2(Z, xi, group=None, allreduce_dtype=None):
     return _upper_inverse_right(Y1, _cholesky(gram(Y1, None, group, dtype), "cholqr2 (second pass)"), ops)
 
 
-@register("polar-gram")
 def retract_polar_gram(Z, xi, group=None, allreduce_dtype=None):
     """Y (Y^T Y)^{-1/2} with the inverse square root from eigh of the all-reduced Gram."""
     ops = TorchOps()
@@ -103,7 +92,6 @@ def retract_polar_gram(Z, xi, group=None, allreduce_dtype=None):
     return Y @ ((Q / torch.sqrt(w)) @ Q.T)
 
 
-@register("polar-ns")
 def retract_polar_ns(Z, xi, group=None, allreduce_dtype=None, max_iter: int = 50):
     """Newton-Schulz to convergence, one Gram all-reduce per iteration; the stopping test reads the
     all-reduced Gram, so every rank stops at the same iteration."""
@@ -125,7 +113,6 @@ def retract_polar_ns(Z, xi, group=None, allreduce_dtype=None, max_iter: int = 50
     return Y
 
 
-@register("ns5")
 def retract_ns5(Z, xi, group=None, allreduce_dtype=None, steps: int = 5):
     """APPROXIMATE (see pitcheck.model.retractions.retract_ns5): the Frobenius norm and each X^T X all-reduced,
     as Emerging-Optimizers' distributed Newton-Schulz all-reduces X X^T."""
@@ -139,7 +126,6 @@ def retract_ns5(Z, xi, group=None, allreduce_dtype=None, steps: int = 5):
     return _contiguous(X)
 
 
-@register("cayley")
 def retract_cayley(Z, xi, group=None, allreduce_dtype=None):
     """Exact Cayley transform in low-rank form (pitcheck.model.retractions.retract_cayley) with Z^T Z, Z^T xi
     and xi^T xi all-reduced in one packed 3 x D x D buffer; the apply [Z, xi] K is local."""
@@ -191,15 +177,17 @@ def tsqr(Y: torch.Tensor, group=None, allreduce_dtype=None) -> tuple[torch.Tenso
     return _contiguous(Q * sign), sign[:, None] * R
 
 
-@register("qr")
 def retract_qr(Z, xi, group=None, allreduce_dtype=None):
     """The Q of TSQR of Z + xi with diag(R) > 0: the single-process qr's result up to rounding."""
     return tsqr(Z + xi, group, allreduce_dtype)[0]
 
 
-@register("polar")
 def retract_polar(Z, xi, group=None, allreduce_dtype=None):
     """Polar factor of Z + xi: TSQR, then Q (U V^T) from the SVD U S V^T of the D x D R."""
     Q, R = tsqr(Z + xi, group, allreduce_dtype)
     U, _, Vt = torch.linalg.svd(R)
     return Q @ (U @ Vt)
+
+
+# name -> distributed form: the ones the registry's records name (pitcheck.model.retractions), in its order
+SHARDED_RETRACTIONS: dict[str, Callable] = {name: globals()[r.sharded] for name, r in RECORDS.items() if r.sharded}

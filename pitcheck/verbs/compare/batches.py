@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ...model.batched_retractions import STACKED_RETRACTIONS
+from ...model.retractions import STACKED_RETRACTIONS
 from ...infra.errors import PitcheckError
 from ...model.gradients import parse_adversary
 from ...numerics.policy import get_policy
