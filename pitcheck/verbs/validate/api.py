@@ -9,10 +9,10 @@ from pathlib import Path
 from ...infra.errors import PitcheckError
 from ...infra.threads import policy_threads
 from .device import ContextLost
-from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition
+from .checks import CHECKS, Context, CheckResult, conditioning_ladder, generic_condition, judge
 from .isolation import TargetRun, run_isolated
 from .result import ValidationResult
-from .shard_checks import SHARDED_CHECKS, judge
+from .shard_checks import SHARDED_CHECKS
 from .probes import describe_exception, load_probe
 from .dtypes import DTYPES, UNIT_ROUNDOFF, narrow_dtype_refusal
 from .target import describe_callable

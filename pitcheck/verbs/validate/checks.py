@@ -19,7 +19,9 @@ import numpy as np
 from ...numerics import metrics, reference
 from ...numerics.metrics import condition_number
 from .dtypes import FP32_U, NARROWER, UNIT_ROUNDOFF, WIDTH, element_bits, unit_roundoff
-from .probes import Probe
+from .probes import (Probe, probe_bad_input, probe_checkpoint, probe_conditioning, probe_contract, probe_gradients,
+                     probe_penrose, probe_reference, probe_retraction, probe_scale, probe_trajectory)
+from .registry import CHECK_RECORDS, Check, register
 
 # Correct implementations in five conventions measure ratios of 0.1 to 8 (closing note of issue 6);
 # LAPACK's suites pass below 30. 16 keeps bf16 resolvable at cond(T) <= 1.6 (16 u = 0.0625).
@@ -745,25 +747,28 @@ def check_scale(probe: Probe, ctx: Context) -> CheckResult:
     return v.done()
 
 
-CHECKS = {
-    "contract": check_contract,
-    "penrose": check_penrose,
-    "reference": check_reference,
-    "conditioning": check_conditioning,
-    "gradients": check_gradients,
-    "trajectory": check_trajectory,
-    "retraction": check_retraction,
-    "checkpoint": check_checkpoint,
-    "bad_input": check_bad_input,
-    "scale": check_scale,
-}
+register(
+    Check("contract", probe_contract, check_contract),
+    Check("penrose", probe_penrose, check_penrose),
+    Check("reference", probe_reference, check_reference),
+    Check("conditioning", probe_conditioning, check_conditioning),
+    Check("gradients", probe_gradients, check_gradients),
+    Check("trajectory", probe_trajectory, check_trajectory),
+    Check("retraction", probe_retraction, check_retraction),
+    Check("checkpoint", probe_checkpoint, check_checkpoint),
+    Check("bad_input", probe_bad_input, check_bad_input),
+    Check("scale", probe_scale, check_scale),
+)
+# name -> judge of the checks every target has: a view of the registry
+CHECKS = {name: check.judge for name, check in CHECK_RECORDS.items() if not check.sharded}
 
 
 def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
     """The verdict of check `name` on what the target's process recorded for it (`probe`), in units of
     `ctx`. A probe that stopped on an exception fails the target when the target raised or breached its
-    contract, and is an error when pitcheck's own probe stopped with no breach found; otherwise
-    CHECKS[name] judges the values, and values without the structure it needs fail."""
+    contract, and is an error when pitcheck's own probe stopped with no breach found; otherwise the
+    check's registered judge (the sharded checks' too) judges the values, and values without the structure
+    it needs fail."""
     if "error" in probe.facts:
         f = probe.facts
         where = f" at {f['where']}" if f.get("where") else ""
@@ -778,7 +783,7 @@ def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
                                                      "nothing and no breach of its contract was found)")
         return CheckResult(name, "fail", reason=f"the target raised {f['error']}{where}")
     try:
-        return CHECKS[name](probe, ctx)
+        return CHECK_RECORDS[name].judge(probe, ctx)
     except (KeyError, ValueError, IndexError, np.linalg.LinAlgError) as exc:
         # what the target returned did not have the structure the check needs (a missing state, a wrong shape)
         return CheckResult(name, "fail", reason=f"could not judge what the target returned: {type(exc).__name__}: {exc}")

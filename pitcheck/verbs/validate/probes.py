@@ -934,18 +934,3 @@ def probe_scale(h: Harness, **_) -> Probe:
             out.arrays[f"scaled:{k}"] = to_numpy(r.pop("value"))
         out.facts["scaled"].append({"exponent": k, **r})
     return out
-
-
-# the probe of each check, by the check's name (checks.CHECKS judges what it returns)
-PROBES = {
-    "contract": probe_contract,
-    "penrose": probe_penrose,
-    "reference": probe_reference,
-    "conditioning": probe_conditioning,
-    "gradients": probe_gradients,
-    "trajectory": probe_trajectory,
-    "retraction": probe_retraction,
-    "checkpoint": probe_checkpoint,
-    "bad_input": probe_bad_input,
-    "scale": probe_scale,
-}

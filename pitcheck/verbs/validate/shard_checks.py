@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import CheckResult, Context, Verdicts, judge as judge_one_process
+from .checks import CheckResult, Context, Verdicts
 from .probes import Probe
+from .registry import CHECK_RECORDS, Check, register
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
@@ -83,14 +84,20 @@ def check_replicas(probe: Probe, ctx: Context) -> CheckResult:
     return v.done()
 
 
-SHARDED_CHECKS = {"shards": check_shards, "replicas": check_replicas}
+class RankProbe:
+    """A sharded check's probe, run on every rank: taken from shard_probes at its first call, since that
+    module imports torch.distributed, which the validator's own process never needs."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, harness, **arguments) -> Probe:
+        from .shard_probes import probe_replicas, probe_shards  # deferred: torch.distributed, on the ranks only
+
+        return {"probe_shards": probe_shards, "probe_replicas": probe_replicas}[self.name](harness, **arguments)
 
 
-def judge(name: str, probe: Probe, ctx: Context) -> CheckResult:
-    """checks.judge, extended to the sharded checks."""
-    if name not in SHARDED_CHECKS or "error" in probe.facts:
-        return judge_one_process(name, probe, ctx)
-    try:
-        return SHARDED_CHECKS[name](probe, ctx)
-    except (KeyError, ValueError, IndexError, np.linalg.LinAlgError) as exc:
-        return CheckResult(name, "fail", reason=f"could not judge what the target returned: {type(exc).__name__}: {exc}")
+register(Check("shards", RankProbe("probe_shards"), check_shards, sharded=True),
+         Check("replicas", RankProbe("probe_replicas"), check_replicas, sharded=True))
+# name -> judge of the checks only a sharded target has: a view of the registry (checks.judge judges them)
+SHARDED_CHECKS = {name: check.judge for name, check in CHECK_RECORDS.items() if check.sharded}

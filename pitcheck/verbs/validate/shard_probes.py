@@ -18,7 +18,8 @@ from ...model.sharded.comm import assemble_rows
 from ...model.sharded.metrics import replica_spread
 from ...infra.threads import set_torch_threads
 from .dtypes import HALF
-from .probes import PROBES, Probe, adversary_loss, to_numpy
+from .probes import Probe, adversary_loss, to_numpy
+from .registry import CHECK_RECORDS
 from .sharded import ShardedHarness
 from .target import TargetError, load_factory
 from .worker import probe_arguments
@@ -96,7 +97,7 @@ def rank_check(request: dict, name: str):
             return None
         return harness("float64")  # every rank builds it, or none: a failure is the rank's error
 
-    probe = SHARD_PROBES.get(name, PROBES.get(name))(harness(), **probe_arguments(name, request, harness, widest))
+    probe = CHECK_RECORDS[name].probe(harness(), **probe_arguments(name, request, harness, widest))
     uneven = uneven_vocab(request["vocab"], dist.get_world_size())
     if name == "shards" and uneven != request["vocab"]:
         # slicing and padding bugs hide at a V that every layout divides (2048 on 2 ranks): judge a prime V too
@@ -186,5 +187,3 @@ def probe_replicas(h: ShardedHarness, steps: int = 10, generic_cond: float = 10.
     record(f"{count} adversary steps")
     return out
 
-
-SHARD_PROBES = {"shards": probe_shards, "replicas": probe_replicas}

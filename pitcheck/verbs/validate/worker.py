@@ -21,8 +21,9 @@ from typing import NoReturn
 from ...infra.threads import policy_threads, set_torch_threads
 from .device import LOST_STATUS, ContextLost, check_context
 from .dtypes import HALF
-from .probes import (PROBES, Harness, Probe, TargetFault, describe_exception, gradient_path_breach, load_probe,
+from .probes import (Harness, Probe, TargetFault, describe_exception, gradient_path_breach, load_probe,
                      save_probe)
+from .registry import CHECK_RECORDS
 from .target import TargetError, build, load_factory, resolve_device
 
 # probes that take the cases an earlier worker ran (done=) and report each case (after_case=): bad_input's
@@ -102,7 +103,7 @@ def collect(factory, request: dict, out: Path, log) -> None:
             arguments = probe_arguments(name, request, harness, widest)
             if name in RESUMABLE:
                 arguments.update(resume_arguments(name, out, device_name))
-            probe = PROBES[name](h, **arguments)
+            probe = CHECK_RECORDS[name].probe(h, **arguments)
         except ContextLost:
             raise
         except Exception as exc:
