@@ -1,7 +1,7 @@
 """`pitcheck stress`: run scenario files and check their budgets.
 
 Exit status 0 when every budget holds, 1 when any is broken (or a run breaks down, or a growth cannot
-be judged), 2 on bad input (a malformed file, an unknown key, a budget on an unknown metric, an output
+be judged), 2 when a scenario's target (the user's module) cannot be imported, built or run, and on bad input (a malformed file, an unknown key, a budget on an unknown metric, an output
 that cannot be written), the file and the key or line named in a one-line error before any run starts.
 """
 from __future__ import annotations
@@ -18,8 +18,10 @@ NEEDS_TORCH = True
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("stress", help="run drift stress scenarios (TOML) and check their budgets",
                        description="Run scenario files and check their budgets: exit 0 when every budget "
-                                   "holds, 1 when any is broken, 2 on bad input. With no file, runs "
-                                   "pitcheck's own suite (stress/*.toml).")
+                                   "holds, 1 when any is broken, 2 on bad input or a target (target = "
+                                   "\"module:factory\" in a scenario: your own PIT module) that cannot be "
+                                   "imported, built or run. With no file, runs pitcheck's own suite "
+                                   "(stress/*.toml).")
     p.add_argument("files", nargs="*", metavar="FILE.toml", help="scenario files (default: pitcheck's suite)")
     p.add_argument("--junit", metavar="FILE.xml", help="write JUnit XML for CI")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
@@ -37,7 +39,8 @@ def _error(message: str) -> int:
 
 
 def _echo(r) -> None:
-    status = "skipped (" + r.skipped + ")" if r.skipped else ("held" if r.held else "BROKEN")
+    status = ("skipped (" + r.skipped + ")" if r.skipped else "ERROR (the target could not be run)" if r.fatal
+              else "held" if r.held else "BROKEN")
     if r.scenario.initial_state and not r.skipped:
         status += " (initial state only: no step run)"
     print(f"{r.scenario.id}: {status}  {r.seconds:.1f} s", file=sys.stderr, flush=True)
@@ -54,6 +57,8 @@ def _list(args) -> int:
 
 
 def _report_broken(outcome) -> None:
+    for r in outcome.fatal:
+        print(f"ERROR {r.scenario.id}: {r.fatal}", file=sys.stderr)
     for r in outcome.broken:
         for c in r.checks:
             if not c.held:
@@ -64,7 +69,9 @@ def _report_broken(outcome) -> None:
     for p in outcome.plots:
         print(f"plot: {p}", file=sys.stderr)
     unjudged = sum(1 for r in outcome.broken if any(c.inconclusive for c in r.checks))
-    print(f"{len(outcome.broken)} of {len(outcome.results)} scenarios broke a budget"
+    if outcome.fatal:
+        print(f"{len(outcome.fatal)} of {len(outcome.results)} scenarios could not run their target", file=sys.stderr)
+    print(f"{len(outcome.broken) - len(outcome.fatal)} of {len(outcome.results)} scenarios broke a budget"
           + (f" or could not be judged ({unjudged} inconclusive)" if unjudged else ""), file=sys.stderr)
 
 
@@ -97,7 +104,7 @@ def main(args) -> int:
     print(sc.table(outcome.results))
     if not outcome.held:
         _report_broken(outcome)
-        return 1
+        return outcome.exit_status
     _report_held(outcome)
     return 0
 

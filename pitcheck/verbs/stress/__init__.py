@@ -42,6 +42,16 @@ class StressResult:
         """Every scenario run held every budget (skipped ones aside)."""
         return not self.broken
 
+    @property
+    def fatal(self) -> list[ScenarioResult]:
+        """The scenarios whose target could not be imported, built or run."""
+        return [r for r in self.results if r.fatal]
+
+    @property
+    def exit_status(self) -> int:
+        """As validate's: 0 every budget held, 1 some broken (or not judged), 2 a target could not be run."""
+        return 2 if self.fatal else 1 if self.broken else 0
+
 
 class OutputWriteError(PitcheckError):
     """The scenarios ran, but a plot, the JUnit or the JSON file could not be written; `results` holds

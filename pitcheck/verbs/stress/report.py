@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from ...infra.errors import PitcheckError
-from ...infra.junit import FAILURE, SKIPPED, Case, Outcome, Suite, junit_xml
+from ...infra.junit import ERROR, FAILURE, SKIPPED, Case, Outcome, Suite, junit_xml
 from ...infra.plotting import draw_metric, pyplot, save_figure
 from ...infra.rundir import read_metrics
 from .budgets import GROWTH_KINDS
@@ -27,6 +27,9 @@ def rows_of(results: list[ScenarioResult]) -> list[dict]:
             out.append(dict(scenario=s.id, file=s.file, metric="-", kind="-", worst=None, step=None, budget=None,
                             headroom="-", status="skipped", source=s.source, message=r.skipped))
             continue
+        if r.fatal:
+            out.append(dict(scenario=s.id, file=s.file, metric="target", kind="target", worst=None, step=None,
+                            budget=None, headroom="-", status="ERROR", source=s.source, message=r.fatal))
         for c in r.checks:
             label = {"max": c.check.metric, "floor": f"{c.check.metric} (floor)",
                      "growth": f"{c.check.metric} growth", "growth_floor": f"{c.check.metric} growth (floor)"}
@@ -69,6 +72,8 @@ def junit_bytes(results: list[ScenarioResult]) -> bytes:
                 case = Case(f"{r.scenario.file_label}.{r.scenario.name}", x["metric"], r.seconds / max(1, len(rows)))
                 if x["status"] == "skipped":
                     case.outcome = Outcome(SKIPPED, x["message"])
+                elif x["status"] == "ERROR":  # the target could not be imported, built or run
+                    case.outcome = Outcome(ERROR, x["message"])
                 elif x["status"] in ("BROKEN", "INCONCLUSIVE"):
                     case.outcome = Outcome(FAILURE, x["message"],
                                            "BudgetBroken" if x["status"] == "BROKEN" else "Inconclusive",
@@ -85,10 +90,12 @@ def to_json(results: list[ScenarioResult]) -> dict:
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
     return {"held": all(r.held for r in results),
+            "exit_status": 2 if any(r.fatal for r in results) else 0 if all(r.held for r in results) else 1,
             "scenarios": [{"scenario": r.scenario.name, "id": r.scenario.id, "file": r.scenario.file,
                            "source": r.scenario.source,
                            "why": r.scenario.why, "skipped": r.skipped or None, "seconds": round(r.seconds, 3),
                            "held": r.held if not r.skipped else None, "errors": r.errors,
+                           "target": r.scenario.target or None, "fatal": r.fatal or None,
                            "initial_state": r.scenario.initial_state,
                            "config": r.scenario.config.to_json(),
                            "checks": [{"metric": c.check.metric, "kind": c.check.kind, "limit": c.check.limit,

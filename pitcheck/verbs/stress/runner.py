@@ -20,6 +20,7 @@ from ...trajectory import RunBreakdown, run
 from ...trajectory.loop import mostly_skipped, skipped_steps
 from .budgets import BudgetResult, check_budget
 from .scenarios import Scenario, StressInputError
+from .target import run_target
 
 
 @dataclass
@@ -31,10 +32,11 @@ class ScenarioResult:
     skipped: str = ""
     seconds: float = 0.0
     run_dir: str = ""
+    fatal: str = ""  # why a target could not be imported, built or run (exit status 2)
 
     @property
     def held(self) -> bool:
-        return not self.errors and all(c.held for c in self.checks)
+        return not self.fatal and not self.errors and all(c.held for c in self.checks)
 
     @property
     def broken(self) -> bool:
@@ -51,12 +53,25 @@ def cuda_available() -> bool:
         return False
 
 
-def run_scenario(scenario: Scenario, out: Path | str) -> ScenarioResult:
+def run_target_scenario(res: ScenarioResult, out: Path | str, threads: int | None = None) -> ScenarioResult:
+    """A scenario on the user's module (target.py): stepped in its own process, its maps' metrics judged.
+    A target that cannot be imported, built or run leaves `fatal` set and its budgets unjudged."""
+    t0 = time.perf_counter()
+    rows, res.errors, res.fatal = run_target(res.scenario, out, threads)
+    res.seconds = time.perf_counter() - t0
+    if not res.fatal:
+        res.checks = [check_budget(c, rows) for c in res.scenario.checks]
+    return res
+
+
+def run_scenario(scenario: Scenario, out: Path | str, threads: int | None = None) -> ScenarioResult:
     """Run one scenario into `out` (replaced if it holds an earlier run) and judge it."""
     res = ScenarioResult(scenario, run_dir=str(out))
     if scenario.requires == "cuda" and not cuda_available():
         res.skipped = "needs CUDA"
         return res
+    if scenario.target:
+        return run_target_scenario(res, out, threads)
     t0 = time.perf_counter()
     try:
         rows = run(scenario.config, out, progress=False, force=True)
@@ -136,7 +151,7 @@ def run_scenarios(scenarios: list[Scenario], out: Path | str, echo=None, threads
     results = []
     with thread_policy(threads):
         for s, run_dir in zip(scenarios, dirs):
-            r = run_scenario(s, Path(out) / run_dir)
+            r = run_scenario(s, Path(out) / run_dir, threads)
             results.append(r)
             if echo:
                 echo(r)

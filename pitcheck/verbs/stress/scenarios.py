@@ -23,6 +23,14 @@ and what must hold over the run:
 A budget may judge any metric of metrics.csv, a sharded run's (shards > 1) shard_distance_Z/T and
 replica_spread too; a ceiling of 0 demands exactly 0 (replica_spread = 0: the replicas agree bit for bit).
 
+A scenario on the user's own module names it: `target = "package.module:make"` or `"path/file.py:make"`
+(validate's contract; a relative file path is found beside the scenario file first, then in the working
+directory), with `dtype` (float32 by default), `timeout` (seconds, 300 by default) and the run options that
+apply to a module pitcheck does not build (steps, vocab, dim, seed, device, adversary, adversary_params,
+optimizer, lr, records_per_decade: without optimizer or lr, the module's own configure_optimizer or SGD).
+Its budgets judge what can be read off the module's maps (target.TARGET_METRICS); orthonormality,
+pinv_drift and penrose have default ceilings (target.default_limit) that its [budget] table may replace.
+
 Scenario keys besides the run options: why, source, requires ("cuda": skipped without a GPU),
 require_events and forbid_events (event names of events.jsonl), adversary_params (a table).
 A scenario whose recorded steps are too few for its growth checks (MIN_GROWTH_POINTS from step 1) is
@@ -51,6 +59,8 @@ from ...infra.rundir import METRIC_COLUMNS, SHARD_COLUMNS
 from ...numerics.stats import MIN_GROWTH_POINTS
 from ...trajectory import RunConfig, recorded_steps
 from ...model.heads import get_head
+from .target import (DEFAULT_BUDGET_METRICS, DEFAULT_DTYPE, DEFAULT_TIMEOUT, TARGET_KEYS, TARGET_METRICS,
+                     TARGET_RUN_KEYS, default_limit)
 
 SUITE_DIR = Path(__file__).resolve().parents[3] / "stress"  # the shipped suite, in the source tree
 SOURCES = ("theory", "measured", "user")
@@ -104,6 +114,10 @@ class Scenario:
     forbid_events: list[str] = field(default_factory=list)
     label: str = ""  # the file's part of the id: its stem, or folders/stem where files share a stem
     initial_state: bool = False  # steps = 0 on purpose: the budgets judge the start alone
+    target: str = ""  # the user's module (module:factory or path/file.py:factory); '' for pitcheck's heads
+    dtype: str = DEFAULT_DTYPE  # a target's dtype
+    timeout: float = DEFAULT_TIMEOUT  # a target's process's time limit, seconds
+    own_optimizer: bool = True  # a target stepped by its own optimizer (the scenario gave no optimizer or lr)
 
     @property
     def file_label(self) -> str:
@@ -241,7 +255,7 @@ def load_file(path: Path | str) -> list[Scenario]:
     run_keys = {k: v for k, v in fields.items() if k != "adversary_params"}
     param_fields = {f.name: f.type if isinstance(f.type, str) else f.type.__name__
                     for f in dataclasses.fields(AdversaryParams)}
-    allowed = set(run_keys) | set(SCENARIO_KEYS) | {"adversary_params"}
+    allowed = set(run_keys) | set(SCENARIO_KEYS) | {"adversary_params"} | set(TARGET_KEYS)
     metrics = _metric_names()
     out = []
     for name, table in scenarios.items():
@@ -253,10 +267,12 @@ def load_file(path: Path | str) -> list[Scenario]:
         if not isinstance(table, dict):
             raise StressInputError(f"{_where(path, text, [], 'scenario')}: scenario {name!r} must be a table")
         kwargs = {}
+        is_target = "target" in table
         for key, value in table.items():
             if key not in allowed:
                 raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: unknown key {key!r}"
                                        f"{_suggest(key, allowed)}")
+            _check_target_key(path, text, name, key, is_target)
             if key in run_keys:
                 v = _typed(value, run_keys[key])
                 if v is None:
@@ -305,12 +321,17 @@ def load_file(path: Path | str) -> list[Scenario]:
                     raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key}: unknown event "
                                            f"{n!r}{_suggest(n, EVENTS)}; events are {', '.join(EVENTS)}")
             ev[key] = names
+        target = _target_fields(path, text, name, table, config, checks) if is_target else {}
+        if is_target:
+            checks = target.pop("checks")
         if not checks and not ev["require_events"] and not ev["forbid_events"]:
             raise StressInputError(f"{_where(path, text, here)}: scenario {name!r} has nothing to check: give a "
                                    "[budget] table (or floor, require_events, forbid_events)")
         # metrics a run of this config never records: a budget on them could never be judged
         never = set()
-        if config.backend != "torch" or not config.shadow:
+        if is_target:
+            pass  # the target's own metrics were checked by _target_fields
+        elif config.backend != "torch" or not config.shadow:
             never |= set(SHADOW_METRICS)
         if not get_head(config.head).has_retraction:
             never |= set(PIT_ONLY)
@@ -346,8 +367,67 @@ def load_file(path: Path | str) -> list[Scenario]:
                     f"steps = {config.steps} (records_per_decade = {config.records_per_decade}) records {points}: "
                     "raise steps")
         out.append(Scenario(name, str(path), config, checks, why, source, requires, ev["require_events"],
-                            ev["forbid_events"], initial_state=initial_state))
+                            ev["forbid_events"], initial_state=initial_state, **target))
     return out
+
+
+def _check_target_key(path, text, name, key, is_target) -> None:
+    """A key that a target scenario does not take (pitcheck's head's options, events), or a target's key in a
+    scenario without a target: StressInputError naming it."""
+    here = ["scenario", name]
+    if is_target and key not in (*TARGET_RUN_KEYS, *TARGET_KEYS, *SCENARIO_KEYS):
+        raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key} does not apply to a "
+                               "target scenario (the module is its own head); it takes "
+                               f"{', '.join(TARGET_KEYS + TARGET_RUN_KEYS)}")
+    if is_target and key in ("require_events", "forbid_events"):
+        raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key} does not apply to a "
+                               "target scenario: a module records no events; give budgets")
+    if not is_target and key in ("dtype", "timeout"):
+        raise StressInputError(f"{_where(path, text, here, key)}: scenario {name!r}: {key} applies to a target "
+                               "scenario only (one with target = \"module:factory\")")
+
+
+def _target_fields(path, text, name, table, config, checks) -> dict:
+    """A target scenario's own fields (target, dtype, timeout, own_optimizer) and its checks with the
+    default ceilings added where its budget table sets none; StressInputError naming the key at fault."""
+    from ..validate.dtypes import DTYPES
+    from ..validate.target import TargetError, split_target
+    from .target_worker import LOSS_CHANNELS
+
+    here = ["scenario", name]
+    target = table["target"]
+    try:
+        split_target(target)
+    except TargetError as exc:
+        raise StressInputError(f"{_where(path, text, here, 'target')}: scenario {name!r}: {exc}") from None
+    where, _, factory = target.rpartition(":")
+    if where.endswith(".py") and not Path(where).is_absolute() and (path.parent / where).is_file():
+        target = f"{path.parent / where}:{factory}"  # beside the scenario file first
+    dtype = table.get("dtype", DEFAULT_DTYPE)
+    if dtype not in DTYPES:
+        raise StressInputError(f"{_where(path, text, here, 'dtype')}: scenario {name!r}: dtype must be one of "
+                               f"{', '.join(DTYPES)}, got {dtype!r}")
+    timeout = _number(table.get("timeout", DEFAULT_TIMEOUT))
+    if timeout is None or not (math.isfinite(timeout) and timeout > 0):
+        raise StressInputError(f"{_where(path, text, here, 'timeout')}: scenario {name!r}: timeout must be a "
+                               f"positive number of seconds, got {table['timeout']!r}")
+    unusable = [c for c in config.adversary.split(",") if c.strip() and c.strip() not in LOSS_CHANNELS]
+    if unusable:
+        raise StressInputError(f"{_where(path, text, here, 'adversary')}: scenario {name!r}: gradient model "
+                               f"{unusable[0].strip()!r} has no form as a loss on a module's outputs; a target "
+                               f"scenario takes {', '.join(LOSS_CHANNELS)}")
+    for c in checks:
+        if c.metric not in TARGET_METRICS:
+            key = "budget" if c.kind in ("max", "growth") else "floor"
+            table_of = here + [key] + (["growth"] if c.kind in ("growth", "growth_floor") else [])
+            raise StressInputError(f"{_where(path, text, table_of, c.metric)}: scenario {name!r}: {key} on {c.metric}, "
+                                   "which a target's maps do not show; a target scenario judges "
+                                   f"{', '.join(TARGET_METRICS)}")
+    given = {c.metric for c in checks if c.kind == "max"}
+    limit = default_limit(dtype, config.dim)
+    defaults = [Check(m, "max", limit) for m in DEFAULT_BUDGET_METRICS if m not in given]
+    return {"target": target, "dtype": dtype, "timeout": timeout, "checks": defaults + checks,
+            "own_optimizer": "optimizer" not in table and "lr" not in table}
 
 
 def suite_files() -> list[Path]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .device import LOST_STATUS
-from .lifeline import TAG_VAR, cleanup, worker_command
+from .lifeline import BOOTSTRAP, TAG_VAR, cleanup, worker_command
 from .probes import load_probe
 from .worker import read_phases
 
@@ -121,6 +121,49 @@ def _run_isolated(request: dict, timeout: float) -> TargetRun:
         return run
 
 
+# the line of lifeline.BOOTSTRAP that names validate's worker; run_entry names another module there
+_WORKER_IMPORT = "from pitcheck.verbs.validate import lifeline, worker\n"
+
+
+def entry_command(entry: str, request_path: str, read_fd: int) -> list[str]:
+    """lifeline's worker command with the module `entry` (its run_and_exit(REQUEST.json)) in place of
+    validate's worker: the same sys.path, parent-death signal and guardian."""
+    if entry == "pitcheck.verbs.validate.worker":
+        return worker_command(request_path, read_fd)
+    assert _WORKER_IMPORT in BOOTSTRAP, "lifeline.BOOTSTRAP no longer imports the worker by this line"
+    bootstrap = BOOTSTRAP.replace(_WORKER_IMPORT, "from pitcheck.verbs.validate import lifeline\n"
+                                  f"import importlib\nworker = importlib.import_module({entry!r})\n")
+    command = worker_command(request_path, read_fd)
+    return [command[0], "-c", bootstrap, *command[3:]]
+
+
+def run_entry(entry: str, request: dict, timeout: float, gather):
+    """Run `entry`.run_and_exit(OUT/request.json) in a child process as validate runs its worker (its own
+    process group, tagged, killed with everything it started when it ends, times out or this process does)
+    and return gather(OUT, exit status, timed out) while OUT still exists. SIGTERM unwinds like Ctrl-C."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="pitcheck-target-") as tmp:
+            out = Path(tmp)
+            (out / "request.json").write_text(json.dumps(request))
+            code, timed_out = _run_worker(out, secrets.token_hex(8), timeout, entry)
+            return gather(out, code, timed_out)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def child_death(code: int | None) -> str:
+    """'killed by SIGSEGV', 'exited with status 3': how a child process ended."""
+    return "timed out" if code is None else _death(code)
+
+
+def stderr_tail(out: Path) -> str:
+    """The last non-blank line the child wrote to its stderr (up to 200 characters), '' if none."""
+    return _stderr_tail(out / "stderr.txt")
+
+
 def _remaining(out: Path, request: dict) -> list[str]:
     return [name for name in request["checks"] if not (out / f"{name}.npz").exists()]
 
@@ -144,8 +187,10 @@ def _slowest(phases: list[tuple[float, str]], count: int = 3) -> str:
     return " (slowest phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in top) + ")"
 
 
-def _run_worker(out: Path, tag: str, timeout: float) -> tuple[int | None, bool]:
-    """Start a worker on OUT/request.json and wait up to `timeout` s: (its exit status, whether it timed out)."""
+def _run_worker(out: Path, tag: str, timeout: float,
+                entry: str = "pitcheck.verbs.validate.worker") -> tuple[int | None, bool]:
+    """Start a worker (the module `entry`) on OUT/request.json and wait up to `timeout` s: (its exit status,
+    whether it timed out)."""
     if timeout <= 0:
         return None, True
     env = dict(os.environ)
@@ -156,7 +201,7 @@ def _run_worker(out: Path, tag: str, timeout: float) -> tuple[int | None, bool]:
         with open(out / "stderr.txt", "ab") as err:
             # not PYTHONPATH or `-m` with the working directory first: a random.py there would shadow the
             # standard library; target.load_factory finds the target from the working directory
-            proc = subprocess.Popen(worker_command(str(out / "request.json"), read_fd),
+            proc = subprocess.Popen(entry_command(entry, str(out / "request.json"), read_fd),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
                                     start_new_session=True, pass_fds=(read_fd,))
             os.close(read_fd)
