@@ -1,7 +1,7 @@
-"""Landing's distance from the manifold over a run, against its leading-order bound (issue 20).
+"""Landing's distance from the manifold over a run, against its leading-order bound.
 
 The landing update Z+ = Z + xi - mu Z (Z^T Z - I), mu = lambda eta, keeps ||Z^T Z - I||_F below
-tau^2 / (2 mu) to leading order, tau^2 = max ||xi||_F^2 over the steps so far (pitcheck/model/retractions.py,
+tau^2 / (2 mu) to leading order, tau^2 = max ||xi||_F^2 over the steps so far (pitcheck/model/retractions/frontier.py,
 retract_landing). The compare study records the distance but not ||xi||, so this re-runs the frontier
 grid's landing cells (same configuration, seed 0, no float64 shadow: it does not change the torch run)
 with the registered map wrapped to record, at every step, ||xi||_F^2 and the distance it leaves, both

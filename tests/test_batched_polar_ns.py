@@ -1,4 +1,4 @@
-"""polar-ns stacked (batched_retractions.stacked_polar_ns): every matrix of a stack follows its own Newton-Schulz
+"""polar-ns stacked (model/retractions/polar.py stacked_polar_ns): every matrix of a stack follows its own Newton-Schulz
 loop, to its own iteration count, and gives retract_polar_ns's result bit for bit or, where that raises,
 a `failed` flag; whole cells run alone and batched write the same files."""
 from __future__ import annotations

@@ -82,8 +82,8 @@ def test_guards_pass_unplanted():
         guard(*args)
 
 
-# ---- exact values, operation counts and boundaries of the issue-20 maps (mutation survivors) ---------
-# Each test below pins a property a mutant of pitcheck/model/retractions.py changed while every other test
+# ---- exact values, operation counts and boundaries of the frontier maps (mutation survivors) ----------
+# Each test below pins a property a mutant of pitcheck/model/retractions/frontier.py changed while every other test
 # stayed green; the comment on each says which.
 
 class _CountingOps(NumpyOps):

@@ -4,7 +4,7 @@ At 128 x 8 a step is dispatch-bound: a few hundred microseconds of Python and li
 microseconds of arithmetic. Stacking B cells' Z (B x V x D) and L's raw parameter (B x D x D) pays those
 calls once per B cells. The arithmetic is Engine.step's and PitHead's (engine.py, heads.py) for the one
 class of cells it serves, `unstackable(engine)` None: the PIT head, plain SGD, no placement, no
-re-projection, no stateful source, a retraction with a stacked form (batched_retractions.py). Each cell
+re-projection, no stateful source, a retraction with a stacked form (its record in model/retractions/). Each cell
 keeps its own learning rate and, under fp16's loss scaling, its own loss scale and count of clean steps
 (amp.LossScaler's rule, per cell); seeds, adversaries, cond and teachers only shape the gradients and the
 initial state, which stay per cell.
