@@ -1,4 +1,4 @@
-"""Reproduce every case of issue 7 ("What was seen") against the current code and tabulate the outcomes.
+"""Reproduce every fault case (hostile and careless input) against the current code and tabulate the outcomes.
 
 Each case is run for real: the CLI in a subprocess (120 s timeout), the metrics API in-process. A case is
 BAD when it shows a traceback, hangs, prints more than one stderr line for an error, exits 0 where an
@@ -696,7 +696,7 @@ def write_tables(rows: list[Row], seconds: float) -> None:
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = [
-        "# Issue 7 cases, reproduced against the current code",
+        "# Fault cases, reproduced",
         "",
         f"Written by `scripts/fault_cases.py` ({summary}; wall {seconds:.0f} s). Every outcome below was observed "
         "by running the case: the CLI in a subprocess with a 120 s timeout, the metrics API in-process.",

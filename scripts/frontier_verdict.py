@@ -1,4 +1,4 @@
-"""The frontier study's verdict per method and precision (issue 20), from the committed compare summary
+"""The frontier study's verdict per method and precision, from the committed compare summary
 and bench figures: results/frontier/summary.csv and results/frontier/bench/bench.json -> verdict.md.
 
 Per (method, precision), over both adversaries and both shapes (seeds aggregated by compare): the worst

@@ -1,4 +1,4 @@
-"""Batched cells (issue 16, item 3): runs stepped together as one stacked computation write the files of
+"""Batched cells: runs stepped together as one stacked computation write the files of
 runs stepped alone, byte for byte; cells without a stacked form, and cells whose step has an event, run
 alone inside their batch; a killed batch resumes; the sweep hands out batches and its results do not change."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Each case of issue 7, as a hostile or careless user meets it: a one-line error (exit 2), a recorded
+"""Each fault case, as a hostile or careless user meets it: a one-line error (exit 2), a recorded
 event, a clean breakdown (exit 1) or a correct result; never a traceback, a hang or a silent wrong number."""
 import errno
 import json

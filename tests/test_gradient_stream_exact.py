@@ -1,4 +1,4 @@
-"""The gradient stream is the same bits after its throughput work (issue 16 item 2): every committed result
+"""The gradient stream is the same bits after its throughput work: every committed result
 depends on it. The pre-change code of the touched models is kept here, written plainly (rng.choice with p,
 scipy.linalg.cho_solve, np.sqrt(np.prod(shape)), a zeros-started sum), and pitcheck.model.gradients must match it
 bit for bit (signed zeros included: the bytes are compared) over thousands of (seed, step) pairs, at several

@@ -534,7 +534,7 @@ def test_registering_a_parameter_that_does_not_exist_is_refused():
 
 
 def test_zipf_ids_from_cached_probabilities_are_the_uncached_draws():
-    """The cached p (issue 16: V powers a call were a third of a small step's id draw) draws the ids the
+    """The cached p (V powers a call were a third of a small step's id draw) draws the ids the
     formula recomputed each call draws, from the same generator state; and nobody can write into it."""
     from pitcheck.model.gradients import _zipf_ids, _zipf_probabilities
 

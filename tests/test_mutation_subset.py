@@ -1,4 +1,4 @@
-"""Mutation testing kept in CI (issue 10), on temporary copies of the working tree, never the checkout.
+"""Mutation testing kept in CI, on temporary copies of the working tree, never the checkout.
 
 Default suite (about a minute together on 2 cores):
 - the one-line bugs the issue lists (scripts/mutation/planted.py), each against the test that kills it;

@@ -1,4 +1,4 @@
-"""`qr` on large CPU matrices forms Q as Y R^{-1} from Householder's R (issue 16): the positive-diagonal
+"""`qr` on large CPU matrices forms Q as Y R^{-1} from Householder's R: the positive-diagonal
 QR factor to rounding, as orthogonal as orgqr's near the manifold, orgqr's own Q where Y is far from
 orthonormal or the arithmetic is emulated, and the stacked form the same bits as the one-matrix map."""
 import numpy as np

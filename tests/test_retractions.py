@@ -350,7 +350,7 @@ def test_polar_ns_stops_once_the_error_stops_halving():
     assert 4 <= Counting.calls <= 14  # two matmuls per step
 
 
-# ---- issue 20: polar-express, gram-ns, rcqr, cholqr3-shifted, landing ------------------------------
+# ---- polar-express, gram-ns, rcqr, cholqr3-shifted, landing ------------------------------
 def _pe(c, x):
     return c[0] * x + c[1] * x**3 + c[2] * x**5
 
@@ -802,7 +802,7 @@ def test_torch_results_are_row_major(name):
     assert RETRACTIONS[name](Z, xi).is_contiguous()
 
 
-# ---- issue 20: Muon-era orthogonalisers, randomized and shifted Cholesky QR, landing ----------------
+# ---- Muon-era orthogonalisers, randomized and shifted Cholesky QR, landing ----------------
 # measured ||Z^T Z - I||_F / u one tangent step (0.1) from the manifold, 512 x 32, worst of 3 seeds:
 #   float64: qr 34, cholqr2 41, cholqr3-shifted 41, rcqr 278;  float32: qr 31, cholqr2 18, cholqr3-shifted
 #   17, rcqr 142 (rcqr's single Cholesky pass after the sketch leaves cond(Y R1^-1)^2 u, cond a few)

@@ -1,4 +1,4 @@
-"""Planted bugs in the issue-20 retractions, one line each, and the guarding test that must go red.
+"""Planted bugs in the frontier retractions, one line each, and the guarding test that must go red.
 
 Each case patches pitcheck.model.retractions (a coefficient, a constant, a function) the way a one-line bug
 would change it, runs the guard from test_retractions, and asserts it fails; the unpatched guard

@@ -1,5 +1,5 @@
 """`pitcheck run` inputs refused before anything is made, resume that has nothing to resume or whose input
-files changed, and the loss columns of metrics.csv (issue 21)."""
+files changed, and the loss columns of metrics.csv."""
 import json
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""A failed cell must not cost the other cells of its stack their batching (issue 16, item 3).
+"""A failed cell must not cost the other cells of its stack their batching.
 
 Before this was tested, one cell of the default grid's language-model mix (seed 2, stuck from step 573,
 its gradients overflowing float32 at every step) made every `cholqr` stack raise: its float64 shadow

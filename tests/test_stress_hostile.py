@@ -1,4 +1,4 @@
-"""pitcheck stress against careless or hostile input (issue 21): no verdict from a run that judged nothing,
+"""pitcheck stress against careless or hostile input: no verdict from a run that judged nothing,
 one directory per scenario whatever its name, JUnit that parses, and outputs checked before any run."""
 import json
 from pathlib import Path

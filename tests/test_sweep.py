@@ -57,7 +57,7 @@ def test_builtin_grids_load_and_cover_what_the_issue_asks():
     assert default.axes["adversary"] == ["gaussian", "dense_output+sparse_input"]
     assert len(default.axes["seed"]) == 3 and default.steps >= 10**4
     assert len(sw.cells(default)) == len(established) * 7 * 2 * 3
-    # issue 20's grid: every map but the plain step (approximate ones included, to show what they cost)
+    # the frontier grid: every map but the plain step (approximate ones included, to show what they cost)
     # x fp32, bf16, bf16-mixed x the two gradient models, at V/D = 16 and 256
     frontier = sw.load_grid(str(GRIDS / "frontier.toml"))
     assert set(frontier.axes["retraction"]) == set(RETRACTIONS) - {"none"}

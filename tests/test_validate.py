@@ -93,7 +93,7 @@ PLANTED_BACKWARD = {
 
 # float32 is judged by its finite differences, whose measured noise at the generic state depends on the
 # rounding of the steps that reach it: 0.07 % of the derivative at 4aa1346's, 0.44 % once `qr` formed Q as
-# Y R^{-1} at 2048 x 32 (stop 28). A 5 % error is then 30 or 9 noise units (a pass below 16): the check
+# Y R^{-1} at 2048 x 32. A 5 % error is then 30 or 9 noise units (a pass below 16): the check
 # resolves errors above 16 x its measured noise, and says which noise it was. 25 %: 64 and 43 units.
 @pytest.mark.parametrize("dtype,bug,scale", [("bfloat16", "scaled", 1.5), ("bfloat16", "missing_term", None),
                                              ("float32", "scaled", 1.25), ("float32", "missing_term", None)])
@@ -423,7 +423,7 @@ def test_pytest_plugin_is_inert_without_the_option():
     assert "pitcheck[" not in proc.stdout
 
 
-# ---- 8- and 4-bit storage (issue 19) ------------------------------------------------------------------
+# ---- 8- and 4-bit storage ---------------------------------------------------------------------------
 
 def test_a_block_scaled_wrapper_reporting_float32_fails_the_contract():
     """torchao's MXTensor says dtype float32 while it holds E4M3 elements: the contract looks inside."""

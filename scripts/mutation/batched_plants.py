@@ -1,4 +1,4 @@
-"""The one-line plants of batched cells (issue 16, item 3; results/bench/BATCHED.md): each applied in place, the
+"""The one-line plants of batched cells (results/bench/BATCHED.md): each applied in place, the
 tests of tests/test_batched.py that should catch it run, the file restored; prints KILLED or SURVIVED per
 plant (every plant must be killed). Run from the repository root with the venv's python; a word of a plant's
 description picks a subset. A plant's selection may name its own test file ("file.py::-k words")."""

@@ -56,7 +56,7 @@ PLANTED = [
      "tests/test_retractions.py::test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
 ]
 
-# ---- issue 21: the emulation, the engine, the gradient models, the run's events, the oracle ----
+# ---- the emulation, the engine, the gradient models, the run's events, the oracle ----
 A, EN, GR = "pitcheck/numerics/arrays.py", "pitcheck/model/engine.py", "pitcheck/model/gradients.py"
 AMP, HD, OPT = "pitcheck/model/amp.py", "pitcheck/model/heads.py", "pitcheck/model/optim.py"
 TA, TE, TG = "tests/test_arrays.py::", "tests/test_engine.py::", "tests/test_gradients.py::"
@@ -106,7 +106,7 @@ PLANTED += [
     # ... or without its symmetrisation
     (GR, "return (GT + GT.T) @ L", "return 2 * GT @ L",
      TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),
-    # the commit thread (stop 30): a commit queued behind a failed one written all the same (its kept files
+    # the commit thread: a commit queued behind a failed one written all the same (its kept files
     # are the failed commit's, which never landed) ...
     ("pitcheck/infra/rundir.py", "        if self.failed is not None:\n            return\n        try:\n            write(*args)",
      "        try:\n            write(*args)",
@@ -120,7 +120,7 @@ PLANTED += [
     # ... or a forked child handed its parent's executor, whose thread it does not have
     ("pitcheck/infra/rundir.py", "if _COMMITTER is None or _COMMITTER[0] != os.getpid():", "if _COMMITTER is None:",
      CT + "test_a_forked_child_makes_its_own_commit_thread"),
-    # events.jsonl's kept lines (stop 30) reused for a list whose earlier events changed
+    # events.jsonl's kept lines reused for a list whose earlier events changed
     ("pitcheck/infra/rundir.py", "        if len(events) < n or any(a is not b for a, b in zip(events, self.events)):\n",
      "        if len(events) < n:\n", CT + "test_event_lines_encode_the_new_events_only_and_a_changed_list_whole"),
     # the oracle at 16 digits instead of 50

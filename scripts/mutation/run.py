@@ -49,7 +49,7 @@ DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_f
 
 # module -> the tests that judge it (missing files are ignored). The mpmath oracle is a test helper
 # (tests/oracle.py), not a module of pitcheck: it is not mutated here. The test_pins_* names after the
-# module's own test file are the boundary tables not yet folded into it (issue 15): once folded they no
+# module's own test file are the boundary tables not yet folded into it: once folded they no
 # longer exist and are ignored; delete them then.
 RETRACTION_TESTS = ["tests/test_retractions.py", "tests/test_retraction_registry.py",
                     "tests/test_retractions_frontier.py", "tests/test_qr_by_solve.py"]

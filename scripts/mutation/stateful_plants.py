@@ -1,4 +1,4 @@
-"""The one-line plants of the stateful placements (issue 19, results/fp8/STATEFUL.md): each applied in place,
+"""The one-line plants of the stateful placements (results/fp8/STATEFUL.md): each applied in place,
 tests/test_placement_stateful.py run, the file restored; prints the tests each plant turned red (every plant
 must turn one red). Run from the repository root with the venv's python; names (P1 ...) pick a subset."""
 import subprocess, sys, re
