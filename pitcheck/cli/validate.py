@@ -33,17 +33,43 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return v
 
 
+class Progress:
+    """A line on stdout, before the table, as each phase of the target's process ends: its import, its build, each check's
+    measurement (the verdicts are judged once every measurement is in)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout  # stderr holds a failure's one line alone
+        self.previous, self.done = None, 0
+
+    def __call__(self, phase: str, seconds: float) -> None:
+        if phase.startswith("done "):
+            self.done += 1
+            self._line(f"[{self.done}] {phase[len('done '):]} measured", seconds)
+        elif self.previous in ("import", "build"):
+            self._line(f"{'imported' if self.previous == 'import' else 'built'} the target", seconds)
+        self.previous = phase
+
+    def _line(self, text: str, seconds: float) -> None:
+        print(f"  {text} ({seconds:.1f} s)", file=self.stream, flush=True)
+
+
 def main(args) -> int:
     from ..verbs.validate import validate
+    from ..verbs.validate.isolation import watch
     from ..verbs.validate.result import check_outputs
 
     check_outputs(args.json, args.report, args.junit)
     check_writable(files=[("--json", args.json), ("--report", args.report), ("--junit", args.junit)])
-    result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
-                      steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout,
-                      world_size=args.world_size)
+    print(f"validating {args.target} [{args.dtype}, V={args.vocab}, D={args.dim}] in a child process "
+          f"(up to {args.timeout:g} s); the verdicts follow the measurements", flush=True)
+    with watch(Progress()):
+        result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
+                          steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout,
+                          world_size=args.world_size)
     # the verdict is printed first: an output that still cannot be written loses nothing else
-    print(result.table())
+    print(result.table(report=args.report))
     print(result.summary(), file=sys.stderr if result.fatal else sys.stdout)
+    for note in result.size_notes():
+        print(note)
     result.write(args.json, args.report, args.junit)
     return result.exit_status

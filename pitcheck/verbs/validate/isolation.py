@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,57 @@ class TargetRun:
     seconds: float = 0.0
     skipped: dict = field(default_factory=dict)  # check name -> why it was not run (the target still ran)
     restarts: list = field(default_factory=list)  # why each fresh worker was started (a lost device context)
+
+
+# callbacks told of the worker's phases as they happen (watch()); the library itself prints nothing
+_WATCHERS: list = []
+POLL_SECONDS = 0.2
+
+
+@contextmanager
+def watch(callback):
+    """While inside, `callback(phase, seconds)` is called for each phase a worker enters ('build', 'check
+    penrose', 'done penrose', 'finished'; `seconds` since the worker's previous phase), read off its
+    phases.log as the worker writes it: how a CLI shows progress without the library printing."""
+    _WATCHERS.append(callback)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(callback)
+
+
+class _PhaseFollower:
+    """Reads OUT/phases.log's new lines and tells the watchers of each."""
+
+    def __init__(self, out: Path):
+        self.path, self.last = out / "phases.log", None
+        self.seen = len(read_phases(self.path))  # an earlier worker's phases on this OUT were told already
+
+    def poll(self) -> None:
+        phases = read_phases(self.path)
+        for stamp, phase in phases[self.seen:]:
+            took = stamp - self.last if self.last is not None else 0.0
+            self.last = stamp
+            for callback in list(_WATCHERS):
+                callback(phase, took)
+        self.seen = len(phases)
+
+
+def _wait(proc, out: Path, timeout: float) -> int:
+    """proc.wait(timeout), telling the watchers of each phase as it is logged."""
+    if not _WATCHERS:
+        return proc.wait(timeout=timeout)
+    follower, deadline = _PhaseFollower(out), time.monotonic() + timeout
+    while True:
+        try:
+            code = proc.wait(timeout=max(0.0, min(POLL_SECONDS, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            follower.poll()
+            if time.monotonic() >= deadline:
+                raise
+            continue
+        follower.poll()
+        return code
 
 
 def _death(code: int) -> str:
@@ -207,7 +259,7 @@ def _run_worker(out: Path, tag: str, timeout: float,
             os.close(read_fd)
             read_fd = -1
             try:
-                return proc.wait(timeout=timeout), False
+                return _wait(proc, out, timeout), False
             except subprocess.TimeoutExpired:
                 return None, True
             finally:

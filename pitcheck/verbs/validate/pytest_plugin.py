@@ -1,7 +1,9 @@
 """pytest plugin: `pytest --pitcheck mypkg.pit:make` adds one test item per validator check.
 
-Inert unless --pitcheck is given. Item ids are `pitcheck[TARGET-DTYPE-CHECK]`, so -k, --junitxml and
-expected failures work as users know them from array-api-tests and scikit-learn's check_estimator.
+Inert unless --pitcheck is given. Item names are `pitcheck[TARGET-DTYPE-CHECK]`, so -k, --junitxml and
+expected failures work as users know them from array-api-tests and scikit-learn's check_estimator; the
+items sit under one node per target and dtype, `pitcheck.TARGET.DTYPE`, which JUnit XML reports as their
+classname.
 An xfail file (--pitcheck-xfail) holds one entry per line: a check name or a full item id, then an
 optional `# reason`. The target is validated once per (target, dtype), in a child process.
 """
@@ -88,7 +90,9 @@ class PitcheckItem(pytest.Item):
         if c.verdict in ("fail", "error"):
             raise PitcheckFailure(f"{self.check}: {c.reason} (ratio {c.value}, threshold {c.threshold})")
         if c.verdict == "inconclusive":
-            pytest.skip(f"inconclusive: {c.reason}")
+            note = next((n for n in result.size_notes("--pitcheck-vocab", "--pitcheck-dim")
+                         if n.startswith(f"{self.check}: ")), "")
+            pytest.skip(note.partition(": ")[2] + f" ({c.reason})" if note else f"inconclusive: {c.reason}")
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PitcheckFailure):
@@ -97,6 +101,20 @@ class PitcheckItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, None, self.name
+
+
+class PitcheckTarget(pytest.Collector):
+    """The node that holds one target's items in one dtype (its name is their JUnit classname); it
+    collects nothing itself: pytest_collection_modifyitems makes the items."""
+
+    def collect(self):
+        return []
+
+
+def classname(target: str, dtype: str) -> str:
+    """`pitcheck.<target>.<dtype>`: a dotted name as JUnit readers group by ('/' and ':' as dots, no '[')."""
+    plain = target.replace("/", ".").replace(":", ".").replace("[", "(").replace("]", ")")
+    return f"pitcheck.{plain}.{dtype}"
 
 
 def pytest_configure(config) -> None:
@@ -133,9 +151,11 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         raise pytest.UsageError(f"--pitcheck-xfail: {', '.join(unknown)} names no selected check or item id")
     for target in targets:
         for dtype in dtypes:
+            group = classname(target, dtype)
+            node = PitcheckTarget.from_parent(session, name=group, nodeid=group)
             for check in checks:
                 name = f"pitcheck[{target}-{dtype}-{check}]"
-                item = PitcheckItem.from_parent(session, name=name, target=target, dtype=dtype, check=check)
+                item = PitcheckItem.from_parent(node, name=name, target=target, dtype=dtype, check=check)
                 item.add_marker(pytest.mark.pitcheck)
                 reason = xfails.get(name, xfails.get(check))
                 if reason is not None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +13,12 @@ from ...infra.rundir import check_distinct_outputs, check_out_file, write_atomic
 from .checks import CheckResult
 
 EXIT_PASS, EXIT_FAIL, EXIT_TARGET = 0, 1, 2
+# a reason wrapped onto more lines than this is cut in the terminal; --report and --json keep all of it
+MAX_REASON_LINES = 8
+# the size (V, D) the checks' resolution is set for: smaller runs may leave a check unresolved
+FULL_VOCAB, FULL_DIM = 2048, 32
+# words of a reason that say the dtype or the differences could not resolve a measurement at this size
+UNRESOLVED = ("cannot resolve", "resolves no")
 
 
 @dataclass
@@ -74,16 +82,35 @@ class ValidationResult:
         return [(c.name, c.verdict, _fmt(c.measured), _fmt(c.value), _fmt(c.threshold), c.reason or "-")
                 for c in self.checks]
 
-    def table(self, width: int = 120) -> str:
-        """One row per check; `measured` is the raw error, `ratio` it over its unit (see checks.py)."""
+    def table(self, width: int | None = None, report: str | None = None) -> str:
+        """One row per check; `measured` is the raw error, `ratio` it over its unit (see checks.py). The reason
+        is wrapped under its column to `width` (the terminal's by default), cut after MAX_REASON_LINES lines
+        with a pointer to `report` (the --report file) where the full reason is."""
+        width = width or max(80, shutil.get_terminal_size((120, 24)).columns)
         rows = self.rows()
         n = len(self.HEADER) - 1
         w = [max(len(r[i]) for r in rows + [self.HEADER]) for i in range(n)]
+        indent = sum(w) + 2 * n
+        room = max(30, width - indent)
         lines = []
         for r in [self.HEADER] + rows:
-            line = "  ".join(r[i].ljust(w[i]) for i in range(n)) + "  " + r[n]
-            lines.append(line if len(line) <= width else line[: width - 3] + "...")
-        return "\n".join(lines)
+            reason = textwrap.wrap(r[n], room, break_on_hyphens=False) or [""]
+            if len(reason) > MAX_REASON_LINES:
+                where = f"--report {report}" if report else "--report FILE.md (or --json)"
+                reason = reason[:MAX_REASON_LINES] + textwrap.wrap(f"[cut: the full reason is in {where}]", room)
+            lines.append("  ".join(r[i].ljust(w[i]) for i in range(n)) + "  " + reason[0])
+            lines += [" " * indent + more for more in reason[1:]]
+        return "\n".join(line.rstrip() for line in lines)
+
+    def size_notes(self, vocab_option: str = "--vocab", dim_option: str = "--dim") -> list[str]:
+        """One line per check left inconclusive because this run's V x D is below the size the checks'
+        resolution is set for, naming that size; [] at that size or above."""
+        if self.vocab >= FULL_VOCAB and self.dim >= FULL_DIM:
+            return []
+        size = f"{vocab_option} {max(self.vocab, FULL_VOCAB)} {dim_option} {max(self.dim, FULL_DIM)}"
+        return [f"{c.name}: inconclusive at V={self.vocab}, D={self.dim}, smaller than the V={FULL_VOCAB}, "
+                f"D={FULL_DIM} the checks are set for; run with {size} to resolve it"
+                for c in self.checks if c.verdict == "inconclusive" and any(w in c.reason for w in UNRESOLVED)]
 
     def markdown(self) -> str:
         out = [f"# pitcheck validate: {self.target}", "",
