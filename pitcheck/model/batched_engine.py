@@ -1,4 +1,4 @@
-"""B PIT engines of one policy, shape and retraction stepped as one stacked computation (issue 16, item 3).
+"""B PIT engines of one policy, shape and retraction stepped as one stacked computation.
 
 At 128 x 8 a step is dispatch-bound: a few hundred microseconds of Python and library calls around
 microseconds of arithmetic. Stacking B cells' Z (B x V x D) and L's raw parameter (B x D x D) pays those

@@ -1,4 +1,4 @@
-"""The random draws of stacked gradients, kept for the next batch of the same process (issue 16).
+"""The random draws of stacked gradients, kept for the next batch of the same process.
 
 A cell's draws at a step are a function of its seed, the step, the stream index, the gradient model, V x D
 and the model's parameters alone: `default_rng([seed, step, index])` and the model's fixed sequence of

@@ -1,4 +1,4 @@
-"""A batch's gradients computed as one stack (issue 16): the bits of `gradients.gradient` run cell by cell.
+"""A batch's gradients computed as one stack: the bits of `gradients.gradient` run cell by cell.
 
 Each cell still draws from its own streams (`np.random.default_rng([seed, step, index])`'s per component,
 built by seed_streams; the same draws in the same order); only the arithmetic after the draws runs on the

@@ -1,6 +1,6 @@
 """Runs stepped together: B trajectories of one shape, policy and retraction (differing in seed, adversary,
 learning rate, cond, teacher) advanced as one stacked computation (pitcheck.model.batched_engine), each still its
-own run directory, recorded, committed and resumable exactly as `run()` would (issue 16, item 3).
+own run directory, recorded, committed and resumable exactly as `run()` would.
 
 Each run is a Trajectory built as usual (locked, resumed, checked); between records its model and shadow
 live in two stacks, and at each recorded step every run's engines are given their state back and the

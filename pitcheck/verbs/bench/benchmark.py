@@ -37,7 +37,7 @@ FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
 # the V x V peers run up to this V (their cost grows like V^3; above it they are reported, not run)
 VV_LIMIT = {"quick": 2048, "full": 8192}
 STEP_RETRACTIONS = ("qr", "cholqr2", "cayley", "polar-gram", "rcqr", "cholqr3-shifted")
-# the whole run step (runcost.py) is also timed at the shape issue 16 sets its target at
+# the whole run step (runcost.py) is also timed at V x D = 2048 x 64, the shape the stacked step's speed is judged at
 RUN_STEP_SHAPE = (2048, 64)
 RUN_STEP_RETRACTION = "qr"
 TARGETS = [  # issues 9 and 16: (what, shape or None for every shape timed, ceiling in GEMM units)
@@ -157,7 +157,7 @@ def peer_cases(V: int, D: int, Z, xi, mode: str) -> tuple[list[Case], list[dict]
                               note="forms V x V"))
         else:
             notes.append({"peer": "geotorch", "vocab": V, "dim": D, "status": _vv_status(V, mode)})
-    try:  # NVIDIA's Newton-Schulz coefficient sets (issue 20): no adapter until it installs beside torch here
+    try:  # NVIDIA's Newton-Schulz coefficient sets: no adapter until it installs beside torch here
         import emerging_optimizers  # noqa: F401
     except ImportError:
         why = ("its releases require Python >= 3.12 (pip: 'Ignored the following versions that require a different "

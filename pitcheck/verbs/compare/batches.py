@@ -1,6 +1,6 @@
 """A sweep's batches: cells of one grid that share shape, precision and retraction (differing in seed,
 adversary, learning rate, ...) handed to a worker together and stepped as one stacked computation
-(pitcheck.trajectory.batched), each still its own run directory under DIR/cells/ (issue 16, item 3).
+(pitcheck.trajectory.batched), each still its own run directory under DIR/cells/.
 
 Only where it pays: a batch holds at most `batch` cells, and only cells of at most BATCH_MAX_ELEMENTS
 entries of Z (V x D): above that the stacked arithmetic, not the per-call overhead it saves, is the cost
