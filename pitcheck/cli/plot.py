@@ -11,11 +11,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("runs", nargs="+")
     g.add_argument("--metrics", default="orthonormality,pinv_drift,trisolve_forward")
     g.add_argument("--out", required=True, help="figure file: .png, .svg or .pdf (no suffix: PNG)")
+    g.add_argument("--dpi", type=int, default=110, help="resolution of a PNG (default 110; 300 for print)")
+    g.add_argument("--format", choices=("png", "svg", "pdf"), default=None,
+                   help="the file's format (default: as --out's suffix says)")
     return g
 
 
 def main(args) -> int:
     from ..verbs.plot import plot_runs
 
-    print(plot_runs(args.runs, args.out, args.metrics.split(",")))
+    print(plot_runs(args.runs, args.out, args.metrics.split(","), dpi=args.dpi, fmt=args.format))
     return 0

@@ -43,10 +43,18 @@ def figure_format(path: Path | str, option: str = "--out") -> str:
     return FIGURE_FORMATS[suffix]
 
 
-def save_figure(plt, fig, path: Path) -> Path:
-    fmt = figure_format(path)
+DEFAULT_DPI = 110
+
+
+def save_figure(plt, fig, path: Path, dpi: int = DEFAULT_DPI, fmt: str | None = None) -> Path:
+    """fig to `path`, in `fmt` (png, svg or pdf; by default as its suffix says) at `dpi`."""
+    fmt = fmt or figure_format(path)
+    if fmt not in FIGURE_METADATA:
+        raise PitcheckError(f"--format {fmt}: choose png, svg or pdf")
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or not 10 <= dpi <= 2400:
+        raise PitcheckError(f"--dpi must be an integer from 10 to 2400, got {dpi!r}")
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=110, format=fmt, metadata=FIGURE_METADATA[fmt])
+    fig.savefig(buf, dpi=dpi, format=fmt, metadata=FIGURE_METADATA[fmt], bbox_inches="tight")
     plt.close(fig)
     write_atomic(path, buf.getvalue())
     return path

@@ -79,3 +79,26 @@ def get_policy(name: str) -> Policy:
         return POLICIES[name]
     except KeyError:
         raise PitcheckError(f"unknown precision {name!r}; choose from {', '.join(POLICIES)}") from None
+
+
+@dataclass(frozen=True)
+class PrecisionStyle:
+    """How figures draw one precision: its own colour and marker (no two precisions share both)."""
+    colour: str
+    marker: str
+
+
+# one entry per policy of POLICIES: the seven storage precisions keep the colours figures have always given them
+PRECISION_STYLES: dict[str, PrecisionStyle] = {name: PrecisionStyle(colour, marker) for name, colour, marker in (
+    ("fp64", "#1f77b4", "o"), ("fp32", "#2ca02c", "s"), ("tf32", "#17becf", "D"), ("bf16", "#d62728", "^"),
+    ("fp16", "#9467bd", "v"), ("bf16-mixed", "#ff7f0e", "<"), ("fp16-mixed", "#8c564b", ">"),
+    ("fp8-logits", "#e377c2", "P"), ("fp8-logits-block", "#f7b6d2", "X"), ("mxfp8-logits", "#7f7f7f", "*"),
+    ("mxfp8-rceil-logits", "#bcbd22", "h"), ("fp8-gathered-z", "#393b79", "p"), ("fp8-adam", "#637939", "d"),
+    ("fp8-store", "#8c6d31", "H"), ("mxfp8-store", "#843c39", "8"), ("nvfp4-store", "#7b4173", "x"),
+    ("fp8-logits-delayed", "#aec7e8", "+"), ("fp8-adam-delayed", "#98df8a", "1"), ("nvfp4-grad", "#ff9896", "2"),
+    ("nvfp4-grad-sr", "#c5b0d5", "3"))}
+
+
+def precision_style(name: str) -> PrecisionStyle:
+    """The figure style of a precision (a policy's name); black dots for a name with none."""
+    return PRECISION_STYLES.get(name, PrecisionStyle("#000000", "."))

@@ -6,14 +6,15 @@ from pathlib import Path
 import numpy as np
 
 from ..infra.errors import PitcheckError
-from ..infra.plotting import check_figure_path, draw_metric, pyplot, save_figure
-from ..infra.rundir import METRIC_COLUMNS, read_metrics
+from ..infra.plotting import DEFAULT_DPI, check_figure_path, draw_metric, pyplot, save_figure
+from ..infra.rundir import METRIC_COLUMNS, check_out_file, read_metrics
 
 
-def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str]) -> Path:
+def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str], dpi: int = DEFAULT_DPI,
+              fmt: str | None = None) -> Path:
     """Any metrics of any runs against step, one panel per metric, a line per run; a PNG, SVG or PDF file
-    as out_png's suffix says."""
-    out_png = check_figure_path(out_png)
+    as `fmt` (default: out_png's suffix) says, at `dpi`. The legend sits below the panels, off the data."""
+    out_png = check_out_file(out_png, "--out") if fmt else check_figure_path(out_png)
     unknown = [m for m in metrics if m not in METRIC_COLUMNS[1:]]
     if not metrics or unknown:
         raise PitcheckError(f"unknown metric {', '.join(unknown) or '(none given)'}; "
@@ -46,6 +47,9 @@ def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str
             ax.text(0.02, 0.02, "not recorded: " + ", ".join(lacking[metric]), transform=ax.transAxes, fontsize=6)
     # the legend where every run has a line: the first panel may lack a baseline's
     legend_ax = next((ax for ax, m in zip(axes[0], metrics) if not lacking[m]), axes[0][0])
-    legend_ax.legend(fontsize=7)
+    handles, labels = legend_ax.get_legend_handles_labels()
     fig.tight_layout()
-    return save_figure(plt, fig, Path(out_png))
+    # below the panels, never over a curve
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 3), fontsize=8,
+               frameon=False)
+    return save_figure(plt, fig, Path(out_png), dpi=dpi, fmt=fmt)

@@ -21,9 +21,8 @@ from .grid import Grid, axis_values, parse_shape
 from .summary import RESOLVABLE_COND_U
 from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, judge, not_judged, own_breakdowns, t_instability_lines, verdict_lines
 from ...model.heads import get_head
+from ...numerics.policy import precision_style
 
-PRECISION_COLOURS = {"fp64": "#1f77b4", "fp32": "#2ca02c", "tf32": "#17becf", "bf16": "#d62728",
-                     "bf16-mixed": "#ff7f0e", "fp16": "#9467bd", "fp16-mixed": "#8c564b"}
 
 
 def retraction_style(name: str) -> PlotStyle:
@@ -269,17 +268,18 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
                 continue
             steps, med, lo, hi = data[k]
             row = by_key[k]
-            colour = PRECISION_COLOURS.get(prec)
+            colour = precision_style(prec).colour
             slope = row["growth_exponent"]
             label = (f"{prec}: k^{slope:.2f}±{row['growth_exponent_err']:.2f}" if math.isfinite(slope) else prec)
-            ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label)
+            ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label,
+                      marker=precision_style(prec).marker, markevery=max(1, len(steps) // 6), ms=4)
             ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
             ax.axhline(row["floor"], color=colour, ls="--", lw=0.8)
         ax.set_title(f"{ret}" + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
         # errors above 10 mean Z is no longer near the manifold: clipped, so that a diverging cell does not
         # squash every other curve; the room below the float64 floor holds the legend
         ax.set_ylim(1e-21, 1e2)
-        ax.legend(fontsize=5.5, loc="lower right", ncol=2, handlelength=1.2, columnspacing=0.8, framealpha=0.8)
+        ax.legend(fontsize=7, loc="lower right", ncol=2, handlelength=1.2, columnspacing=0.8, framealpha=0.8)
     fig.suptitle("Orthonormality error across precisions; dashed: each precision's storage floor; legend: the "
                  "fitted growth k^slope ± its standard error (steps sqrt(N)..N)\n" + fixed_note,
                  fontsize=9)
@@ -316,12 +316,12 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     for r in rows:
         if not (math.isfinite(r["ms_per_step"]) and math.isfinite(r["error_over_floor"])):
             continue
-        colour = PRECISION_COLOURS.get(r["precision"])
+        colour = precision_style(r["precision"]).colour
         marker = retraction_style(r["retraction"]).marker
         unsafe = judge(r)[0]
         ax.scatter(r["ms_per_step"], min(r["error_over_floor"], CLIP), color=colour, marker=marker, s=45,
                    facecolors="none" if unsafe else colour, linewidths=1.2)
-    handles = [Line2D([], [], color=PRECISION_COLOURS.get(p), marker="o", ls="", label=p) for p in precisions]
+    handles = [Line2D([], [], color=precision_style(p).colour, marker="o", ls="", label=p) for p in precisions]
     handles += [Line2D([], [], color="black", marker=retraction_style(r).marker, ls="", label=r)
                 for r in retractions]
     handles.append(Line2D([], [], color="black", marker="o", ls="", markerfacecolor="none",
