@@ -23,7 +23,7 @@ from .probes import (Probe, probe_bad_input, probe_checkpoint, probe_conditionin
                      probe_penrose, probe_reference, probe_retraction, probe_scale, probe_trajectory)
 from .registry import CHECK_RECORDS, Check, register
 
-# Correct implementations in five conventions measure ratios of 0.1 to 8 (closing note of issue 6);
+# Correct implementations in five conventions measure ratios of 0.1 to 8 (the zoo of correct modules);
 # LAPACK's suites pass below 30. 16 keeps bf16 resolvable at cond(T) <= 1.6 (16 u = 0.0625).
 TAU = 16.0
 # An absolute threshold above this cannot tell right from wrong

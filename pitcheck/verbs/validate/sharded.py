@@ -1,6 +1,6 @@
 """Validating a vocabulary-parallel PIT: the harness every rank drives its module through.
 
-The shard contract (issue 17): for each rank of the default process group, `factory(vocab_size, hidden_size,
+The shard contract: for each rank of the default process group, `factory(vocab_size, hidden_size,
 *, dtype, device, seed, rank, world_size)` returns the rank's module with `embed(ids)` (global ids -> the
 full (..., D) embeddings on every rank), `logits(h)` (this rank's contiguous vocabulary slice, (..., V_r)),
 `vocab_range()` -> (start, stop) of that slice, and optionally `post_step()`.
