@@ -51,3 +51,16 @@ def stress_args(files, **options):
     for k, v in options.items():
         argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
     return parser.parse_args(argv)
+
+
+# the smallest stress scenario file: one fp64 run of two steps with a loose budget
+TINY_SCENARIO = """
+[scenario.t]
+backend = "numpy"
+precision = "fp64"
+steps = 2
+vocab = 16
+dim = 4
+[scenario.t.budget]
+orthonormality = 1.0
+"""

@@ -4,6 +4,7 @@ import pytest
 
 from pitcheck import PitcheckError
 from pitcheck.trajectory import RunConfig
+from tests.helpers import TINY_SCENARIO
 
 
 def test_a_sharded_run_on_the_default_backend_is_not_told_to_drop_an_option_it_never_gave():
@@ -19,16 +20,6 @@ def test_a_sharded_run_on_a_backend_given_names_it():
         RunConfig(backend="numpy", shards=2, vocab=32, dim=4).validate()
 
 
-TINY = """
-[scenario.t]
-backend = "numpy"
-precision = "fp64"
-steps = 2
-vocab = 16
-dim = 4
-[scenario.t.budget]
-orthonormality = 1.0
-"""
 
 
 def test_two_scenario_files_of_one_stem_are_told_apart_and_a_stem_id_says_why(tmp_path, capsys):
@@ -39,7 +30,7 @@ def test_two_scenario_files_of_one_stem_are_told_apart_and_a_stem_id_says_why(tm
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         files.append(tmp_path / folder / "s.toml")
-        files[-1].write_text(TINY, encoding="utf-8")
+        files[-1].write_text(TINY_SCENARIO, encoding="utf-8")
     assert stress_cli.main(stress_args(files, json=tmp_path / "r.json")) == 0
     assert "a/s::t" in capsys.readouterr().out
     assert stress_cli.main(stress_args(files, only="s::t", json=tmp_path / "r.json")) == 2

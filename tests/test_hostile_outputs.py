@@ -8,20 +8,10 @@ import pitcheck.verbs.bench.benchmark
 from pitcheck import cli
 from pitcheck.cli import stress as stress_cli
 from pitcheck.cli.common import check_writable
-from tests.helpers import stress_args
+from tests.helpers import TINY_SCENARIO, stress_args
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 
-TINY = """
-[scenario.t]
-backend = "numpy"
-precision = "fp64"
-steps = 2
-vocab = 16
-dim = 4
-[scenario.t.budget]
-orthonormality = 1.0
-"""
 
 
 def _not_called(*args, **kwargs):
@@ -31,7 +21,7 @@ def _not_called(*args, **kwargs):
 def test_stress_refuses_an_output_that_cannot_be_created_before_any_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("pitcheck.verbs.stress.run_scenarios", _not_called)
     f = tmp_path / "s.toml"
-    f.write_text(TINY, encoding="utf-8")
+    f.write_text(TINY_SCENARIO, encoding="utf-8")
     for option in ({"json": "/proc/x"}, {"junit": "/proc/x.xml"}, {"out": "/proc/x/runs"}):
         assert stress_cli.main(stress_args([f], **option)) == 2
         err = capsys.readouterr().err.strip()

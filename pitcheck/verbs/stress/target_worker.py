@@ -97,8 +97,8 @@ def drive(h, request: dict, out: Path, log) -> None:
 def main(request_path: str) -> int:
     """Import, build and step the target of OUT/request.json, writing into OUT; 0 once every state is saved."""
     from ..validate.probes import Harness, describe_exception
-    from ..validate.target import build, load_factory, resolve_device
-    from ..validate.worker import PhaseLog, last_phase
+    from ..validate.target import build, resolve_device
+    from ..validate.worker import PhaseLog, import_target, last_phase
     from ...infra.threads import policy_threads, set_torch_threads
 
     request_path = Path(request_path)
@@ -106,10 +106,8 @@ def main(request_path: str) -> int:
     out = request_path.parent
     log = PhaseLog(out / "phases.log")
     log("import")
-    try:
-        factory = load_factory(request["target"])
-    except BaseException as exc:  # SystemExit and friends from the target's import-time code too
-        (out / "fatal.txt").write_text(f"cannot import {request['target']}: {describe_exception(exc)}")
+    factory = import_target(request, out)
+    if factory is None:
         return 3
     try:
         import torch

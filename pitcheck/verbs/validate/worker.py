@@ -203,6 +203,15 @@ def blame(exc: BaseException, harness) -> dict:
             f"{frame.lineno} ({frame.name})", "by": "probe", "breach": breach}
 
 
+def import_target(request: dict, out: Path):
+    """The target's factory, or None with OUT/fatal.txt saying why it could not be imported."""
+    try:
+        return load_factory(request["target"])
+    except BaseException as exc:  # SystemExit and friends from the target's import-time code too
+        (out / "fatal.txt").write_text(f"cannot import {request['target']}: {describe_exception(exc)}")
+        return None
+
+
 def main(request_path: str) -> int:
     """Import, build and probe the target of OUT/request.json, writing into OUT; 0 once every probe is on disk."""
     request_path = Path(request_path)
@@ -210,10 +219,8 @@ def main(request_path: str) -> int:
     out = request_path.parent
     log = PhaseLog(out / "phases.log")
     log("import")
-    try:
-        factory = load_factory(request["target"])
-    except BaseException as exc:  # SystemExit and friends from the target's import-time code too
-        (out / "fatal.txt").write_text(f"cannot import {request['target']}: {describe_exception(exc)}")
+    factory = import_target(request, out)
+    if factory is None:
         return 3
     try:
         collect(factory, request, out, log)
