@@ -441,7 +441,7 @@ def _deny_access_prelude(path: Path) -> str:
 
 FULL_DISK_PRELUDE = """
 import errno
-from pitcheck import rundir
+from pitcheck.infra import rundir
 _real_write, _writes = rundir._write_durable, []
 def _write_until_full(path, data):
     _writes.append(path)

@@ -88,14 +88,14 @@ def test_apply_thread_policy_pins_the_process_and_its_pools():
     """In a fresh process (the policy is process-wide): --threads 2's count for the process and for each
     worker of a pool it starts; without a count, the default for the process and the cores' share for workers."""
     code = (
-        "import json, sys; from pitcheck import threads, executors\n"
+        "import json, sys; from pitcheck.infra import threads, executors\n"
         "from tests.test_threads_policy import worker_counts\n"
         "arg = json.loads(sys.argv[1]); threads.apply_thread_policy(arg)\n"
         "here = worker_counts({}); out = []\n"
         "executors.map_tasks(worker_counts, [{}, {}], out.append, workers=2)\n"
         "from tests.test_threads_policy import worker_policy_counts; inside = []\n"
         "executors.map_tasks(worker_policy_counts, [{}, {}], inside.append, workers=2)\n"
-        "import subprocess; child = subprocess.run([sys.executable, '-c', 'from pitcheck import threads; "
+        "import subprocess; child = subprocess.run([sys.executable, '-c', 'from pitcheck.infra import threads; "
         "print(threads.policy_threads())'], capture_output=True, text=True).stdout.strip()\n"
         "print(json.dumps({'here': here, 'worker': out[0], 'inside': inside[0], 'child': int(child)}))\n")
     env = {**os.environ, "PYTHONPATH": ROOT}

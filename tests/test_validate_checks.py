@@ -1844,3 +1844,23 @@ def test_retraction_maps_that_cannot_show_their_memory_leave_post_step_judged():
     Z[:, -1] = 0.0
     r = checks.check_retraction(retraction_probe(maps_memory=Z), FP32)
     assert r.verdict == "pass", r.reason
+
+
+def test_the_one_process_checks_are_the_ten_judged_by_validate():
+    assert list(checks.CHECKS) == ["contract", "penrose", "reference", "conditioning", "gradients", "trajectory",
+                                   "retraction", "checkpoint", "bad_input", "scale"]
+
+
+def test_gradients_an_unresolvable_term_names_its_threshold():
+    good = {"autograd": 2.0, "finite_difference": 2.0, "fd_at_step": 2.0, "fd_at_half_step": 2.1, "loss_scale": 3.0}
+    r = checks.check_gradients(grad_probe(autograd=2.0, finite_difference=2.0, fd_at_step=2.0, fd_at_half_step=2.0,
+                                          components=[{"parameter": "Z", "map": "embed", **good}]), FP32)
+    row = rows_of(r, "gradient of Z through embed")[0]
+    assert f"(threshold {checks.TAU * 0.1 / 2.0:.2g})" in row["reason"]
+
+
+def test_retraction_a_non_finite_result_at_one_step_leaves_the_other_step_judged():
+    p = retraction_probe(Y=lambda t, x: x * np.nan if t == STEPS[0] else _polar(x))
+    r = checks.check_retraction(p, FP32)
+    assert r.verdict == "fail" and f"t = {STEPS[0]:g}: post_step returned non-finite values" in r.reason
+    assert retraction_row(r, f"t = {STEPS[1]:g}", "||Y^T Y - I||_2")[0]["verdict"] == "pass"

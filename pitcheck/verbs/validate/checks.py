@@ -443,9 +443,8 @@ def check_gradients(probe: Probe, ctx: Context) -> CheckResult:
                                      "threshold": TAU, **row, "reason": "the differences cannot resolve this "
                                      f"term's derivative (threshold {TAU * c_unit:.2g}): the total judges it"})
             continue
-        v.ratio(label, raw, c_unit, "directional derivative error",
-                precision=f["fd_dtype"] if c_theory >= c_noise else f"the differences' measured noise ({c_noise:.2g})",
-                fd_noise=c_noise, **row)
+        # resolvable here, so no precision is named: the row's unit is the larger of theory and noise
+        v.ratio(label, raw, c_unit, "directional derivative error", fd_noise=c_noise, **row)
     if "autograd_under_test" in f:
         test = f["autograd_under_test"]
         reference = f["reference_dtype"]

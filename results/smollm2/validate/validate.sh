@@ -11,7 +11,7 @@ checks=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do checks+=("$1"); shift; don
 here=results/smollm2/validate
 for c in "${checks[@]}"; do
   s=$(date +%s.%N)
-  .venv/bin/pitcheck validate pitcheck.pretrained.factory:make_smollm2 --dtype "$dtype" --vocab 49152 --dim 576 \
+  .venv/bin/pitcheck validate pitcheck.sources.pretrained.factory:make_smollm2 --dtype "$dtype" --vocab 49152 --dim 576 \
     --checks "$c" --timeout 1500 "$@" --json "$here/val_${dtype}_$c.json" > "$here/val_${dtype}_$c.txt" 2>&1
   rc=$?; e=$(date +%s.%N)
   echo "$c rc=$rc seconds=$(echo "$e - $s" | bc) $*" >> "$here/val_${dtype}.times"
