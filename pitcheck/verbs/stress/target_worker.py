@@ -11,10 +11,8 @@ budgets' verdicts. OUT/phases.log names each phase (import, build, step N) for a
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -97,25 +95,16 @@ def drive(h, request: dict, out: Path, log) -> None:
 def main(request_path: str) -> int:
     """Import, build and step the target of OUT/request.json, writing into OUT; 0 once every state is saved."""
     from ..validate.probes import Harness, describe_exception
-    from ..validate.target import build, resolve_device
-    from ..validate.worker import PhaseLog, import_target, last_phase
-    from ...infra.threads import policy_threads, set_torch_threads
+    from ..validate.target import build
+    from ..validate.worker import last_phase, open_request, prepare_torch
 
-    request_path = Path(request_path)
-    request = json.loads(request_path.read_text())
-    out = request_path.parent
-    log = PhaseLog(out / "phases.log")
-    log("import")
-    factory = import_target(request, out)
+    request, out, log, factory = open_request(request_path)
     if factory is None:
         return 3
     try:
         import torch
 
-        torch.manual_seed(request["seed"])
-        if request["device"] != "cuda":
-            set_torch_threads(request.get("threads") or policy_threads())
-        device = resolve_device(request["device"])
+        device = prepare_torch(request)
         log("build")
         dtype = request["dtype"]
         try:
@@ -139,7 +128,6 @@ def main(request_path: str) -> int:
 
 def run_and_exit(request_path: str) -> NoReturn:
     """The child's entry: main, then exit at once (a target's leftover threads cannot hang the end)."""
-    status = main(request_path)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    from ..validate.worker import exit_now
+
+    exit_now(main(request_path))

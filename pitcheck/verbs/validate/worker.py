@@ -62,8 +62,8 @@ def last_phase(path: Path, default: str) -> str:
     return phases[-1][1] if phases else default
 
 
-def collect(factory, request: dict, out: Path, log) -> None:
-    """Run the requested probes; a probe whose target code raises is recorded with the exception."""
+def prepare_torch(request: dict) -> str:
+    """Seed torch and pin its threads for a target's process; returns the device the request resolves to."""
     import torch
 
     torch.manual_seed(request["seed"])
@@ -71,7 +71,14 @@ def collect(factory, request: dict, out: Path, log) -> None:
         # torch's thread pool spins against numpy's and other processes' on shared cores: the thread
         # policy's count (one unless the parent's --threads chose more, inherited through the environment)
         set_torch_threads(request.get("threads") or policy_threads())
-    device_name = resolve_device(request["device"])
+    return resolve_device(request["device"])
+
+
+def collect(factory, request: dict, out: Path, log) -> None:
+    """Run the requested probes; a probe whose target code raises is recorded with the exception."""
+    import torch
+
+    device_name = prepare_torch(request)
     V, D, dtype, seed = request["vocab"], request["dim"], request["dtype"], request["seed"]
 
     def harness(dt=dtype, sd=seed):
@@ -203,23 +210,33 @@ def blame(exc: BaseException, harness) -> dict:
             f"{frame.lineno} ({frame.name})", "by": "probe", "breach": breach}
 
 
-def import_target(request: dict, out: Path):
-    """The target's factory, or None with OUT/fatal.txt saying why it could not be imported."""
-    try:
-        return load_factory(request["target"])
-    except BaseException as exc:  # SystemExit and friends from the target's import-time code too
-        (out / "fatal.txt").write_text(f"cannot import {request['target']}: {describe_exception(exc)}")
-        return None
-
-
-def main(request_path: str) -> int:
-    """Import, build and probe the target of OUT/request.json, writing into OUT; 0 once every probe is on disk."""
+def open_request(request_path: str):
+    """(request, OUT, phase log, factory) of OUT/request.json, the target imported in the "import" phase; the
+    factory is None when it could not be, with OUT/fatal.txt saying why."""
     request_path = Path(request_path)
     request = json.loads(request_path.read_text())
     out = request_path.parent
     log = PhaseLog(out / "phases.log")
     log("import")
-    factory = import_target(request, out)
+    try:
+        factory = load_factory(request["target"])
+    except BaseException as exc:  # SystemExit and friends from the target's import-time code too
+        (out / "fatal.txt").write_text(f"cannot import {request['target']}: {describe_exception(exc)}")
+        factory = None
+    return request, out, log, factory
+
+
+def exit_now(status: int) -> NoReturn:
+    """End a target's process at once: everything is on disk by then, so a target's leftover threads or
+    atexit hooks cannot hang the end."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def main(request_path: str) -> int:
+    """Import, build and probe the target of OUT/request.json, writing into OUT; 0 once every probe is on disk."""
+    request, out, log, factory = open_request(request_path)
     if factory is None:
         return 3
     try:
@@ -236,9 +253,5 @@ def main(request_path: str) -> int:
 
 
 def run_and_exit(request_path: str) -> NoReturn:
-    """The worker process's entry: main, then exit at once. Everything is on disk by then, so a target's
-    leftover threads or atexit hooks cannot hang the end."""
-    status = main(request_path)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    """The worker process's entry: main, then exit at once (exit_now)."""
+    exit_now(main(request_path))
