@@ -143,3 +143,12 @@ orthonormality = 1e-12
     assert scenarios.stress(_file(tmp_path, text)).exit_status == 0
     broken = text.replace("held", "tight").replace("1e-12", "1e-30")
     assert scenarios.stress(_file(tmp_path, broken, name="b.toml")).exit_status == 1
+
+
+@pytest.mark.parametrize("dtype,u", [("float32", 2.0**-24), ("bfloat16", 2.0**-8), ("float64", 2.0**-53)])
+def test_the_default_ceiling_is_validates_threshold_at_cond_10_in_units_of_u(dtype, u):
+    # TAU (16) x cond(T) 10 x (u + sqrt(D) min(u, u_fp32)): u = 2^-p of the dtype, not its eps (2u)
+    from pitcheck.verbs.stress.target import default_limit
+
+    D = 8
+    assert default_limit(dtype, D) == pytest.approx(16 * 10 * (u + D ** 0.5 * min(u, 2.0**-24)), rel=1e-12)
