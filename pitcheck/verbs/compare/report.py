@@ -200,6 +200,10 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# curves a growth panel labels in its own legend; more share one legend under the figure
+MAX_PANEL_LEGEND = 8
+
+
 def curves(out: Path, all_cells: list[Cell]) -> dict:
     """group -> (steps, median, min, max) of ||Z^T Z - I||_F over the seeds, on the steps all seeds have."""
     by_group: dict[tuple, list] = {}
@@ -261,6 +265,10 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
     # 1. error growth across precisions: one panel per retraction (rows: adversaries)
     pairs = list(itertools.product(adversaries, retractions))
     fig, axs = _panels(plt, len(pairs), 3.6, 3.0, sharey=True)
+    # past a panel's room for a legend (the fp8 grid's 14 precisions), one legend of the precisions goes
+    # under the figure and each curve's growth exponent stays in summary.csv and the report
+    shared = len(precisions) > MAX_PANEL_LEGEND
+    handles = {}
     for ax, (adv, ret) in zip(axs, pairs):
         for prec in precisions:
             k = key(ret, prec, adv)
@@ -270,20 +278,31 @@ def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
             row = by_key[k]
             colour = precision_style(prec).colour
             slope = row["growth_exponent"]
-            label = (f"{prec}: k^{slope:.2f}±{row['growth_exponent_err']:.2f}" if math.isfinite(slope) else prec)
-            ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label,
-                      marker=precision_style(prec).marker, markevery=max(1, len(steps) // 6), ms=4)
+            label = (f"{prec}: k^{slope:.2f}±{row['growth_exponent_err']:.2f}" if math.isfinite(slope) and not shared
+                     else prec)
+            (line,) = ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label,
+                                marker=precision_style(prec).marker, markevery=max(1, len(steps) // 6), ms=4)
+            handles.setdefault(prec, line)
             ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
             ax.axhline(row["floor"], color=colour, ls="--", lw=0.8)
         ax.set_title(f"{ret}" + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
         # errors above 10 mean Z is no longer near the manifold: clipped, so that a diverging cell does not
         # squash every other curve; the room below the float64 floor holds the legend
         ax.set_ylim(1e-21, 1e2)
-        ax.legend(fontsize=7, loc="lower right", ncol=2, handlelength=1.2, columnspacing=0.8, framealpha=0.8)
-    fig.suptitle("Orthonormality error across precisions; dashed: each precision's storage floor; legend: the "
-                 "fitted growth k^slope ± its standard error (steps sqrt(N)..N)\n" + fixed_note,
-                 fontsize=9)
-    fig.tight_layout()
+        if not shared:
+            ax.legend(fontsize=7, loc="lower right", ncol=2, handlelength=1.2, columnspacing=0.8, framealpha=0.8)
+    legend_note = ("precisions below; growth exponents in summary.csv" if shared else
+                   "legend: the fitted growth k^slope ± its standard error (steps sqrt(N)..N)")
+    fig.suptitle("Orthonormality error across precisions; dashed: each precision's storage floor; " + legend_note
+                 + "\n" + fixed_note, fontsize=9)
+    if shared:
+        ncol = min(len(handles), 5)
+        rows_of_legend = -(-len(handles) // ncol)
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8,
+                   handlelength=1.5, frameon=False)
+        fig.tight_layout(rect=(0, 0.045 * rows_of_legend / max(1, len(axs) // 4 + 1), 1, 1))
+    else:
+        fig.tight_layout()
     names += save_png_and_svg(plt, fig, out, "growth")
 
     # 2. retractions per precision: one panel per precision (rows: adversaries)
