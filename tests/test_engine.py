@@ -13,6 +13,7 @@ import torch
 from pitcheck.model import amp, optim
 from pitcheck.numerics.arrays import NumpyOps, TorchOps
 from pitcheck.model.engine import Engine, StateBreakdown, StepSettings, resolve_device
+from pitcheck.model.heads import get_head
 from pitcheck.infra.errors import PitcheckError
 from pitcheck.numerics.formats import FORMATS
 from pitcheck.numerics.policy import Policy, get_policy
@@ -431,7 +432,7 @@ def test_degenerate_names_what_cannot_compute_and_the_breakdown_which_part(Z, L,
 
 @pytest.mark.parametrize("head,table,part", [("tied", "E", "E"), ("untied", "B", "B"), ("untied", "E", "E")])
 def test_a_table_breakdown_names_its_table(head, table, part):
-    eng = Engine("numpy", get_policy("fp64"), StepSettings("none", "sgd", 0.1), head=head)
+    eng = Engine("numpy", get_policy("fp64"), StepSettings("none", "sgd", 0.1), head=get_head(head))
     eng.initialise(Z0, L0)
     assert eng.degenerate() is None
     eng.model.stored_tables[table] = _with(Z0, (2, 1), np.nan)

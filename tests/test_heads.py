@@ -61,7 +61,7 @@ def test_bad_head_options_are_clear(tmp_path, capsys):
 def test_the_head_registry(name, has_retraction, not_applicable, parameters, moments):
     head = get_head(name)
     assert head.name == name and head.has_retraction is has_retraction and head.not_applicable == not_applicable
-    eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "adam", 0.1), head=name)
+    eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "adam", 0.1), head=head)
     eng.initialise(np.eye(6, 2), np.eye(2))
     assert isinstance(eng.model, head) and eng.head == name
     assert list(eng.master) == parameters and list(eng.opt) == moments
@@ -77,7 +77,7 @@ def test_head_names():
     with pytest.raises(PitcheckError, match="unknown head 'shared'; choose from pit, tied, untied"):
         get_head("shared")
     for head in HEADS:  # one Engine for every head; only PIT's builds a retraction
-        eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "sgd", 0.1), "cpu", head=head)
+        eng = Engine("numpy", get_policy("fp64"), StepSettings("qr", "sgd", 0.1), "cpu", head=get_head(head))
         assert eng.head == head and hasattr(eng.model, "retract") == get_head(head).has_retraction
 
 

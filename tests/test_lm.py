@@ -35,8 +35,8 @@ def lm_config(**over) -> RunConfig:
 
 def engine_for(config: RunConfig, backend="numpy"):
     policy = get_policy("fp64" if backend == "numpy" else config.precision)
-    engine = make_engine(config, backend, policy, "cpu")
-    engine.initialise(*initial_state(config))
+    engine = make_engine(config.resolve(), backend, policy, "cpu")
+    engine.initialise(*initial_state(config.resolve()))
     return engine
 
 
@@ -338,7 +338,7 @@ def test_safetensors_teacher(tmp_path, suffix, message):
         return
     assert teacher_shape(spec) == (256, 8)
     config = lm_config(teacher=spec, steps=10)
-    Z0, _ = initial_state(config)
+    Z0, _ = initial_state(config.resolve())
     np.testing.assert_allclose(Z0, polar_memory(table.to(torch.bfloat16).double().numpy()), atol=1e-14)
     assert np.abs(Z0.T @ Z0 - np.eye(8)).max() < 1e-14
     assert load_teacher(spec).dtype == np.float64
@@ -375,7 +375,7 @@ def test_minilm_word_embeddings_as_teacher():
     teacher = f"{weights}:embeddings.word_embeddings.weight"
     assert teacher_shape(teacher) == (30522, 384)
     E0 = load_teacher(teacher)
-    Z0, _ = initial_state(RunConfig(vocab=30522, dim=384, teacher=teacher))
+    Z0, _ = initial_state(RunConfig(vocab=30522, dim=384, teacher=teacher).resolve())
     assert np.linalg.norm(Z0.T @ Z0 - np.eye(384)) < 1e-12
     P = Z0.T @ E0  # polar factor: E0 = Z0 P with P symmetric positive definite
     assert np.abs(P - P.T).max() < 1e-10 * np.abs(P).max() and np.linalg.eigvalsh(P).min() > 0
@@ -423,7 +423,7 @@ def test_wordpiece_vocabulary_and_teacher_rows(tmp_path):
     config = lm_config(vocab=300, lm=replace(SMALL, vocabulary=vocabulary), teacher=str(tmp_path / "table.npy"),
                        steps=8)
     config.validate()
-    Z0, _ = initial_state(config)
+    Z0, _ = initial_state(config.resolve())
     np.testing.assert_allclose(Z0, polar_memory(table[list(c.rows)]), atol=1e-14)
     rows = run(config, tmp_path / "run", progress=False)
     assert rows[-1]["heldout_loss"] < rows[0]["heldout_loss"]

@@ -46,15 +46,15 @@ def _rows_and_checkpoint(out):
 def test_placement_is_numpy_on_cpu_and_torch_on_the_models_cuda_device(monkeypatch):
     from dataclasses import replace
 
-    assert shadow_engine_placement(CFG) == ("numpy", "cpu")
+    assert shadow_engine_placement(CFG.resolve()) == ("numpy", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # nothing runs on CUDA here
-    assert shadow_engine_placement(replace(CFG, device="cuda")) == ("torch", "cuda")
-    assert shadow_engine_placement(replace(CFG, device="cuda:1")) == ("torch", "cuda:1")
-    assert shadow_engine_placement(replace(CFG, device="auto", vocab=4096)) == ("torch", "cuda")
-    assert shadow_engine_placement(replace(CFG, device="auto")) == ("numpy", "cpu")  # 256 x 16: 'auto' keeps it on the CPU
-    assert shadow_engine_placement(replace(CFG, device="cpu")) == ("numpy", "cpu")
+    assert shadow_engine_placement(replace(CFG, device="cuda").resolve()) == ("torch", "cuda")
+    assert shadow_engine_placement(replace(CFG, device="cuda:1").resolve()) == ("torch", "cuda:1")
+    assert shadow_engine_placement(replace(CFG, device="auto", vocab=4096).resolve()) == ("torch", "cuda")
+    assert shadow_engine_placement(replace(CFG, device="auto").resolve()) == ("numpy", "cpu")  # 256 x 16: 'auto' keeps it on the CPU
+    assert shadow_engine_placement(replace(CFG, device="cpu").resolve()) == ("numpy", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert shadow_engine_placement(replace(CFG, device="auto")) == ("numpy", "cpu")
+    assert shadow_engine_placement(replace(CFG, device="auto").resolve()) == ("numpy", "cpu")
 
 
 def test_the_lockstep_builds_the_shadow_the_placement_names(torch_shadow):

@@ -83,12 +83,12 @@ def lm_overrides(args) -> dict:
 
 
 def run_config(args, **over):
-    from ..model.heads import get_head
     from ..trajectory import RunConfig, teacher_shape
+    from ..trajectory.plan import head_named
 
     if getattr(args, "resume", False) and args.force:
         raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
-    if not get_head(getattr(args, "head", RunConfig.head)).has_retraction and args.retraction is not None:
+    if not head_named(getattr(args, "head", RunConfig.head)).has_retraction and args.retraction is not None:
         raise PitcheckError(f"--head {args.head} has no retraction: --retraction applies to --head pit only")
     names = {f.name for f in fields(RunConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}

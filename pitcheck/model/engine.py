@@ -19,7 +19,7 @@ import numpy as np
 from .amp import LossScaler, fits
 from .backend import ArrayBackend, resolve_device  # noqa: F401  (resolve_device: part of this module's API)
 from ..infra.errors import PitcheckError
-from .heads import get_head, StateBreakdown  # noqa: F401  (StateBreakdown: raised by step)
+from .heads import PitHead, StateBreakdown  # noqa: F401  (StateBreakdown: raised by step)
 from .optim import MOMENTS, OPTIMIZERS, get_optimizer  # noqa: F401  (OPTIMIZERS: the CLI's choices)
 from ..numerics.policy import Policy
 from ..numerics.quantisers import Quantisers
@@ -50,14 +50,15 @@ class Engine:
     """A head's parameters under a policy: master copy, optimizer moments, loss scale, steps."""
 
     def __init__(self, backend: str, policy: Policy, settings: StepSettings, device: str = "auto",
-                 head: str = "pit", seed: int = 0):
+                 head: type = PitHead, seed: int = 0):
+        """head: the head's class (heads.HEAD_TYPES; a run's plan resolves its name); `self.head` is its name."""
         self.arrays = ArrayBackend(backend, policy, device)
         self.backend, self.device = backend, self.arrays.device
         self.ops, self.emulated = self.arrays.ops, self.arrays.emulated
-        self.policy, self.settings, self.head = policy, settings, head
+        self.policy, self.settings, self.head = policy, settings, head.name
         # seed: the run's, the first key of stochastic rounding's noise
         self.quantisers = Quantisers(policy.placement, seed)
-        self.model = get_head(head)(self.arrays, policy, settings, self.quantisers)
+        self.model = head(self.arrays, policy, settings, self.quantisers)
         self.optimizer = get_optimizer(settings.optimizer)
         self.scaler = LossScaler(policy.loss_scaling)
         self.opt_step = 0

@@ -22,6 +22,7 @@ from ..infra.errors import PitcheckError
 class StatefulSource:
     name: str  # the adversary name that selects it
     config_field: str  # the RunConfig field holding its options (left out of a config that does not use it)
+    options: Callable[[Any], Any]  # its options from themselves, a dict (a grid's table, a manifest) or None
     check_config: Callable[[Any], None]  # what a run with it needs beyond a run's own checks
     teacher_fits: Callable[[Any, tuple], bool]  # a teacher of another shape than V x D it takes rows of
     teacher_rows: Callable[[Any, Any], Any]  # the teacher's rows for the run's tokens

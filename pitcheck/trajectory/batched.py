@@ -27,7 +27,6 @@ import numpy as np
 
 from ..model.batched_engine import StackedPit, unstackable
 from ..infra.errors import PitcheckError
-from ..model.gradients import parse_adversary
 from ..model.stacked_gradients import stacked_gradients
 from ..infra.threads import thread_policy
 from .config import recorded_steps
@@ -47,7 +46,7 @@ def why_alone(trajectory: Trajectory) -> str | None:
     """Why this run cannot join a batch (None: it can)."""
     if trajectory.broken or trajectory.step >= trajectory.config.steps:
         return "nothing left to step"
-    if "adaptive" in parse_adversary(trajectory.config.adversary):
+    if trajectory.pair.plan.adaptive:
         return "the adaptive adversary probes the run's own engine"
     engines = [trajectory.engine] + ([trajectory.shadow] if trajectory.shadow else [])
     return next((why for why in map(unstackable, engines) if why), None)
@@ -105,7 +104,7 @@ class StackedRuns:
         self.since = [0] * len(runs)
         self.failing = [0] * len(runs)  # each run's stack steps that failed in a row, up to this one
         self.raising = 0  # the stack's steps in a row that raised with no run to blame (every run handed back)
-        self.names = [parse_adversary(t.config.adversary) for t in runs]
+        self.names = [list(t.pair.plan.adversaries) for t in runs]
         # runs whose stack step failed ALONE_AFTER_FAILURES times in a row (a state that overflows every step,
         # say; a third of the default grid's cells at 10^4 steps): each takes its steps alone from then on,
         # beside the stack, rather than cost a failed stack step and a step alone each step. Its gradients
@@ -134,7 +133,7 @@ class StackedRuns:
         # the stack's own copies as they are when nothing steps beside it (a copy fewer each step)
         Z, L = stored[0] if len(stored) == 1 else (np.concatenate(parts) for parts in zip(*stored))
         cells = [(names, t.config.seed, t.config.adversary_params) for t, names in zip(self.runs, self.names)]
-        cells += [(parse_adversary(t.config.adversary), t.config.seed, t.config.adversary_params) for t in beside]
+        cells += [(list(t.pair.plan.adversaries), t.config.seed, t.config.adversary_params) for t in beside]
         GZ, GL = stacked_gradients(cells, Z, L, step)
         return GZ, np.tril(GL)
 

@@ -15,8 +15,9 @@ from .events import ends_run, malformed
 from ..numerics.metrics import EXTENDED_BITS
 from ..infra.rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, SHARD_COLUMNS, EventLines,
                       RunDir, csv_bytes, events_bytes, manifest_bytes, npz_bytes)
-from ..sources.stateful import STATEFUL_SOURCES, stateful_source
+from ..sources.stateful import STATEFUL_SOURCES
 from .config import RunConfig, is_int, recorded_steps
+from .plan import Plan
 from .step import Lockstep
 from .teacher import teacher_source
 
@@ -25,11 +26,11 @@ def _sha256(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def input_hashes(config: RunConfig) -> dict:
+def input_hashes(plan: Plan) -> dict:
     """SHA-256 of the teacher file and of each stateful source's input files (None where the run has none):
     a resumed run refuses files that changed since it started."""
+    config, used = plan.config, plan.source
     out = {"teacher_sha256": _sha256(teacher_source(config.teacher)[0]) if config.teacher else None}
-    used = stateful_source(config.adversary)
     for source in STATEFUL_SOURCES.values():
         for key, (_, path_of) in source.input_files.items():
             path = path_of(config) if source is used else None

@@ -5,18 +5,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..model.engine import StepSettings
 from ..infra.errors import PitcheckError
-from ..model.gradients import AdversaryParams, check_adversary_params, parse_adversary
-from ..model.heads import get_head
-from ..sources.lm import LMParams, lm_params  # the options of the lm source (importing it registers the source)
-from ..numerics.policy import get_policy
+from ..model.gradients import AdversaryParams, check_adversary_params
+from ..sources import builtin  # noqa: F401  (registers the built-in stateful sources)
 from ..numerics.reference import check_shapes
-from ..sources.stateful import STATEFUL_SOURCES, stateful_source
+from ..sources.stateful import STATEFUL_SOURCES, adversary_names
 from .memory import check_memory
+from .plan import GPU_MIN_ELEMENTS, Plan, resolve, run_device  # noqa: F401  (GPU_MIN_ELEMENTS, run_device: this module's API)
 from .teacher import teacher_shape
 
 # beyond this T0's smallest eigenvalue is below float64's resolution of its largest (u = 1.1e-16), and
@@ -64,7 +64,7 @@ class RunConfig:
     pad_multiple: int = 0  # sharded: pad the vocabulary with zero rows to a multiple of this times shards
     allreduce_dtype: str = ""  # sharded: the dtype sums cross the ranks in ("": the tensors' own)
     adversary_params: AdversaryParams = field(default_factory=AdversaryParams)
-    lm: LMParams = field(default_factory=LMParams)  # the lm source's model and batches
+    lm: Any = None  # the lm source's options (its model and batches), as its registry record parses them
 
     def __post_init__(self):
         # whether the backend was given (not a field: the manifest and a cell's name stay as they were); a
@@ -73,7 +73,8 @@ class RunConfig:
         if self.backend is None:  # the Python API infers it as the CLI and compare do
             object.__setattr__(self, "backend", default_backend(self.precision))
         # a grid's [fixed.lm] table or a manifest's dict
-        object.__setattr__(self, "lm", lm_params(self.lm))
+        for source in STATEFUL_SOURCES.values():
+            object.__setattr__(self, source.config_field, source.options(getattr(self, source.config_field)))
 
     def validate(self, here: bool = False) -> None:
         """Every value of its type, in range and meaningful with the others; a one-line reason if not.
@@ -95,7 +96,10 @@ class RunConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise PitcheckError(f"{name} must be a number, got {value!r}")
         check_shapes(self.vocab, self.dim)
-        source = stateful_source(self.adversary)
+        if self.backend not in ("numpy", "torch"):
+            raise PitcheckError(f"unknown backend {self.backend!r}; choose numpy or torch")
+        plan = self.resolve()
+        source = plan.source
         if self.teacher and teacher_shape(self.teacher) != (self.vocab, self.dim) and not (
                 source and source.teacher_fits(self, teacher_shape(self.teacher))):
             raise PitcheckError(f"teacher {self.teacher} is {teacher_shape(self.teacher)}, "
@@ -110,19 +114,15 @@ class RunConfig:
                                 f"ill-conditioned T0), got {self.cond}")
         if self.records_per_decade < 1:
             raise PitcheckError("records_per_decade must be >= 1")
-        if self.backend not in ("numpy", "torch"):
-            raise PitcheckError(f"unknown backend {self.backend!r}; choose numpy or torch")
-        get_policy(self.precision)
         if self.backend == "numpy" and self.precision != "fp64":
             raise PitcheckError(f"the numpy backend is the float64 reference: precision {self.precision} needs "
                                 "the torch backend")
         check_device(self.device, self.backend)
         if here:
             check_device_present(self.device)
-        names = parse_adversary(self.adversary)
         check_adversary_params(self.adversary_params)
-        if not get_head(self.head).has_retraction:
-            if "adaptive" in names:
+        if not plan.head.has_retraction:
+            if plan.adaptive:
                 raise PitcheckError("the adaptive adversary probes PIT's drift bound: use it with --head pit")
             # the baselines would ignore these: refuse them rather than record a setting that did nothing
             ignored = [opt for opt, given in (("--retraction", self.retraction != RunConfig.retraction),
@@ -132,23 +132,25 @@ class RunConfig:
             if ignored:
                 raise PitcheckError(f"--head {self.head} has no retraction, re-projection or T: "
                                     f"{', '.join(ignored)} only make sense with --head pit")
-        self.settings()
         if source:
             source.check_config(self)
-        check_placement(self)
-        check_sharding(self)
+        check_placement(self, plan)
+        check_sharding(self, plan)
 
     def settings(self) -> StepSettings:
         return StepSettings(self.retraction, self.optimizer, self.lr, self.reproject_every, self.reproject_threshold)
+
+    def resolve(self) -> Plan:
+        """The objects its names stand for (trajectory.plan): what every part of a run takes."""
+        return resolve(self)
 
     def to_json(self) -> dict:
         d = asdict(self)
         if self.shards == 1:  # an unsharded run's config (and a sweep cell's name) is what it was before
             for name in SHARDING_FIELDS:
                 d.pop(name)
-        used = stateful_source(self.adversary)
         for source in STATEFUL_SOURCES.values():
-            if source is not used:
+            if source.name not in adversary_names(self.adversary):
                 # its options change nothing then: left out, a run's config (and a sweep cell's name) is
                 # what it was before the source existed
                 d.pop(source.config_field)
@@ -165,10 +167,10 @@ class RunConfig:
 MOMENTLESS_OPTIMIZERS = ("sgd",)
 
 
-def check_placement(cfg: RunConfig) -> None:
+def check_placement(cfg: RunConfig, plan: Plan) -> None:
     """A placement that touches none of the run's tensors is refused, as a sharded run refuses one: it would be
     recorded in the manifest but never applied, and the run's numbers would be its plain precision's."""
-    placement = get_policy(cfg.precision).placement
+    placement = plan.policy.placement
     if placement is None:
         return
     inert = {"moments"} if cfg.optimizer in MOMENTLESS_OPTIMIZERS else set()
@@ -182,7 +184,7 @@ SHARDING_FIELDS = ("shards", "pad_multiple", "allreduce_dtype")
 ALLREDUCE_DTYPES = ("fp64", "fp32", "bf16")
 
 
-def check_sharding(cfg: RunConfig) -> None:
+def check_sharding(cfg: RunConfig, plan: Plan) -> None:
     """--shards, --pad-multiple and --allreduce-dtype: in range, and only where a sharded run can run."""
     for name in ("shards", "pad_multiple"):
         if not is_int(getattr(cfg, name)):
@@ -202,14 +204,14 @@ def check_sharding(cfg: RunConfig) -> None:
         if given:
             raise PitcheckError(f"{', '.join(given)} only make sense with --shards N > 1")
         return
-    policy = get_policy(cfg.precision)
+    policy = plan.policy
     refusals = [
         (cfg.backend != "torch", "runs on the torch backend (torch.distributed): " + (
             f"not --backend {cfg.backend}; give --backend torch" if cfg.backend_given else
             f"precision {cfg.precision} runs on {cfg.backend} by default; give --backend torch")),
         (cfg.device.startswith("cuda"), "runs its ranks on the CPU (gloo): use --device cpu"),
         (cfg.head != "pit", "shards PIT's Z: use --head pit"),
-        (bool(stateful_source(cfg.adversary)), f"takes the stateless adversaries, not {cfg.adversary}"),
+        (bool(plan.source), f"takes the stateless adversaries, not {cfg.adversary}"),
         (bool(cfg.reproject_every or cfg.reproject_threshold), "has no distributed re-projection: drop --reproject-*"),
         # the ranks step the plain policy: a placement would be recorded in the manifest but never applied
         (bool(policy.placement), f"applies no placement (8- or 4-bit copies, moments, gradients) on its ranks: "
@@ -243,27 +245,6 @@ def check_device(device: str, backend: str) -> None:
     if device.startswith("cuda") and backend == "numpy":
         # the float64 reference computes with numpy on the CPU: a run recorded as on CUDA would be false
         raise PitcheckError(f"device {device}: the numpy backend runs on the CPU only (use --backend torch)")
-
-
-# 'auto' puts a run on CUDA only from this many entries of Z (V x D) up: below it a GPU step is kernel launches
-# and synchronisations. Measured on an H100 machine (scripts/device_crossover.py, results/gpu/h100/crossover.json;
-# torch fp32 qr, the CPU at one thread as compare's pool pins it), ms a whole run step CPU / CUDA: 128 x 8
-# 1.97 / 6.89, 512 x 16 2.60 / 5.71, 2048 x 64 19.2 / 14.4, 8192 x 128 262 / 72.3: the ratio crosses 1 near 2^16.
-GPU_MIN_ELEMENTS = 2 ** 16
-
-
-def run_device(config) -> str:
-    """The device a run's arithmetic runs on: its device as given (cpu, cuda, cuda:N); 'auto' is CUDA where torch
-    sees one and Z has at least GPU_MIN_ELEMENTS entries, else the CPU. The numpy backend's is the CPU."""
-    if config.backend == "numpy":
-        return "cpu"
-    if config.device != "auto":
-        return config.device
-    if config.vocab * config.dim < GPU_MIN_ELEMENTS:
-        return "cpu"
-    import torch  # deferred: seconds to import, and only a large torch run needs it here
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_device_present(device: str) -> None:

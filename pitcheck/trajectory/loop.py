@@ -9,7 +9,6 @@ from pathlib import Path
 from ..model.engine import StateBreakdown
 from ..infra.errors import PitcheckError
 from .events import EventKind, breakdown, raised_by, row_events, skipped_steps_by_event, skips_step
-from ..model.gradients import parse_adversary
 from ..infra.progress import Progress
 from ..infra.rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, EventLines, RunDir, read_events
 from ..infra.threads import thread_policy
@@ -71,7 +70,7 @@ class Trajectory:
         # everything that needs no directory is built and checked first: a run refused there creates nothing
         self.pair = make_lockstep(config)
         self.engine, self.shadow, self.policy = self.pair.engine, self.pair.shadow, self.pair.policy
-        self.inputs = input_hashes(config)
+        self.inputs = input_hashes(self.pair.plan)
         created = [p for p in (self.out, *self.out.parents) if not p.exists()]
         lock_existed = (self.out / LOCK).exists()
         try:
@@ -151,9 +150,9 @@ class Trajectory:
         """One step as the loop takes it (events included, no record); RunBreakdown where the loop would end.
         gradients: this step's (model's, shadow's or None), where the caller drew them already from this
         stored state (a batch of runs: the stream is a function of seed, step and state, so the same arrays)."""
-        names = parse_adversary(self.config.adversary)
-        probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if "adaptive" in names else None
-        self._advance(names, probe, gradients)
+        plan = self.pair.plan
+        probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if plan.adaptive else None
+        self._advance(list(plan.adversaries), probe, gradients)
 
     def _advance(self, names: list[str], probe, gradients=None) -> None:
         grads, shadow_grads = gradients or self.pair.gradients(names, self.step, probe)
@@ -214,8 +213,8 @@ class Trajectory:
                 previous[sig] = signal.signal(sig, lambda signum, _: stop.append(signum))
         marks = [s for s in recorded_steps(cfg.steps, cfg.records_per_decade) if s > self.step]
         progress = Progress(cfg.steps, f"{cfg.backend}/{cfg.precision}/{cfg.retraction}", self.progress_enabled)
-        names = parse_adversary(cfg.adversary)
-        probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if "adaptive" in names else None
+        names, plan = list(self.pair.plan.adversaries), self.pair.plan
+        probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if plan.adaptive else None
         try:
             if self.step == 0 and not self.rows:
                 self._record()

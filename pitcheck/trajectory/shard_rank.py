@@ -18,16 +18,15 @@ _RANK: dict = {}
 class RankModel:
     """This rank's block of Z (padding rows included) and its replica of L's raw parameter, with moments."""
 
-    def __init__(self, precision: str, settings, layout, allreduce: str, Z_block: np.ndarray, raw: np.ndarray):
+    def __init__(self, policy, settings, layout, allreduce: str, Z_block: np.ndarray, raw: np.ndarray):
         import torch.distributed as dist
 
         from ..model.backend import ArrayBackend
         from ..model.optim import MOMENTS, get_optimizer
-        from ..numerics.policy import get_policy
         from ..model.sharded import get_sharded_retraction
 
         self.rank = dist.get_rank()
-        self.policy = get_policy(precision)
+        self.policy = policy
         self.arrays = ArrayBackend("torch", self.policy, "cpu")
         self.ops, self.settings, self.layout = self.arrays.ops, settings, layout
         self.allreduce = allreduce or None  # None: the tensors' own dtype
@@ -127,12 +126,12 @@ class RankModel:
 
 
 # ---- the functions the parent calls on every rank (by name, through the pool) ------------------------
-def rank_init(precision, settings, layout, allreduce, Z_full, raw) -> None:
+def rank_init(policy, settings, layout, allreduce, Z_full, raw) -> None:
     import torch.distributed as dist
 
     from ..model.sharded import scatter_rows
 
-    _RANK["model"] = RankModel(precision, settings, layout, allreduce,
+    _RANK["model"] = RankModel(policy, settings, layout, allreduce,
                                scatter_rows(Z_full, layout, dist.get_rank()), raw)
 
 

@@ -34,16 +34,16 @@ RANK_TIMEOUT_S = 120.0
 class ShardedEngine:
     """The sharded model as the run loop sees it: N ranks each holding a block of Z and a replica of L."""
 
-    def __init__(self, config, policy, Z0: np.ndarray, L0: np.ndarray, raw0: np.ndarray):
+    def __init__(self, plan, Z0: np.ndarray, L0: np.ndarray, raw0: np.ndarray):
         from ..model.sharded import ShardedPool, shard_layout
 
-        self.config, self.policy = config, policy
-        self.layout = shard_layout(config.vocab, config.shards, config.pad_multiple or None)
-        self.scaler = LossScaler(policy.loss_scaling)
-        self.pool = ShardedPool(config.shards, timeout=RANK_TIMEOUT_S)
+        sharding = plan.sharding
+        self.config, self.policy = plan.config, plan.policy
+        self.layout = shard_layout(plan.config.vocab, sharding.shards, sharding.pad_multiple or None)
+        self.scaler = LossScaler(plan.policy.loss_scaling)
+        self.pool = ShardedPool(sharding.shards, timeout=RANK_TIMEOUT_S)
         try:
-            self.pool.run(rank_init, config.precision, config.settings(), self.layout,
-                          config.allreduce_dtype, Z0, raw0)
+            self.pool.run(rank_init, plan.policy, plan.settings, self.layout, sharding.allreduce_dtype, Z0, raw0)
         except BaseException:
             self.close()
             raise
@@ -144,7 +144,7 @@ class ShardedLockstep(Lockstep):
         super().__init__(replace(config, device="cpu"))
         Z0, L0 = self.engine.stored()
         raw0 = self.engine.state_dict()["master_raw"]
-        self.sharded = ShardedEngine(config, self.policy, Z0, L0, raw0)
+        self.sharded = ShardedEngine(self.plan, Z0, L0, raw0)
         try:
             problem = self.sharded.degenerate()
             if problem:

@@ -8,25 +8,22 @@ import numpy as np
 from ..model.engine import Engine, StateBreakdown
 from ..infra.errors import PitcheckError
 from .events import skips_step
-from ..model.heads import get_head
 from ..numerics.metrics import drift_bound
-from ..numerics.policy import get_policy
 from ..numerics.reference import polar_memory, random_memory, spd_with_condition
-from ..sources.stateful import stateful_source
-from .config import RunConfig, run_device
+from .config import RunConfig
+from .plan import Plan
 from .teacher import load_teacher
 
 
-def make_engine(config: RunConfig, backend: str, policy, device: str) -> Engine:
-    """An engine of the config's head, with the stateful gradient source its adversary names attached."""
-    engine = Engine(backend, policy, config.settings(), device, head=config.head, seed=config.seed)
-    source = stateful_source(config.adversary)
-    if source:
-        engine.source = source.build(config, engine)
+def make_engine(plan: Plan, backend: str, policy, device: str) -> Engine:
+    """An engine of the plan's head, with the stateful gradient source its adversary names attached."""
+    engine = Engine(backend, policy, plan.settings, device, head=plan.head, seed=plan.config.seed)
+    if plan.source:
+        engine.source = plan.source.build(plan.config, engine)
     return engine
 
 
-def shadow_engine_placement(config: RunConfig) -> tuple[str, str]:
+def shadow_engine_placement(plan: Plan) -> tuple[str, str]:
     """Where a torch run's float64 shadow runs: (backend, device) for make_engine.
 
     With the model on a CUDA device, torch float64 on that same device: a numpy shadow there would put a
@@ -37,7 +34,7 @@ def shadow_engine_placement(config: RunConfig) -> tuple[str, str]:
     Either way the shadow steps on the model's numpy float64 gradients; only its arithmetic's device moves.
     Tests monkeypatch this function to run a torch float64 shadow on the CPU.
     """
-    device = run_device(config)
+    device = plan.device
     if device.startswith("cuda"):
         return "torch", device
     return "numpy", "cpu"
@@ -48,14 +45,14 @@ def describe_shadow(backend: str, device: str) -> str:
     return f"{backend} float64 on {device}"
 
 
-def initial_state(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+def initial_state(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """Z0 (random orthonormal) and L0 (Cholesky factor of T0, T0 = I unless cond > 1), seeded."""
+    config = plan.config
     rng = np.random.default_rng([config.seed, 2**32 - 1])  # a stream apart from the gradients'
     if config.teacher:
         teacher = load_teacher(config.teacher)
-        source = stateful_source(config.adversary)
-        if source:  # a pretrained model's full table: the rows of the run's tokens
-            teacher = source.teacher_rows(config, teacher)
+        if plan.source:  # a pretrained model's full table: the rows of the run's tokens
+            teacher = plan.source.teacher_rows(config, teacher)
         Z0 = polar_memory(teacher)
     else:
         Z0 = random_memory(config.vocab, config.dim, rng)
@@ -80,15 +77,15 @@ class Lockstep:
     """The model (`engine`) and its float64 shadow (`shadow`, None without one), built at their initial state."""
 
     def __init__(self, config: RunConfig):
-        self.config = config
-        self.policy = get_policy(config.precision)
-        self.engine = make_engine(config, config.backend, self.policy, run_device(config))
+        self.config, self.plan = config, config.resolve()
+        self.policy = self.plan.policy
+        self.engine = make_engine(self.plan, config.backend, self.policy, self.plan.device)
         self.shadow = None
         if config.backend == "torch" and config.shadow:
-            backend, device = shadow_engine_placement(config)
-            self.shadow = make_engine(config, backend, get_policy("fp64"), device)
+            backend, device = shadow_engine_placement(self.plan)
+            self.shadow = make_engine(self.plan, backend, self.plan.reference_policy, device)
         # the initial state is also the template a checkpoint must match
-        Z0, L0 = initial_state(config)
+        Z0, L0 = initial_state(self.plan)
         self.engine.initialise(Z0, L0)
         problem = self.engine.degenerate()
         if problem:
@@ -108,7 +105,7 @@ class Lockstep:
         out = set()
         if not self.shadow:
             out |= {"shadow_Z", "shadow_T"}
-        out |= get_head(self.config.head).not_applicable
+        out |= self.plan.head.not_applicable
         return out
 
     def gradients(self, names: list[str], step: int, probe) -> tuple[dict, dict | None]:

@@ -19,7 +19,7 @@ from ..model.heads import HEADS
 from ..infra.plotting import pyplot, save_png_and_svg
 from ..infra.rundir import check_out_file, check_out_path, read_events, read_manifest, read_metrics, write_atomic
 from ..sources.lm import LMParams, uses_lm
-from ..model.heads import get_head
+from ..trajectory.plan import head_named
 
 # the heads' names in the table's order (HEADS may be a tuple of names or a registry keyed by them)
 HEAD_NAMES = tuple(HEADS)
@@ -46,7 +46,7 @@ def heads_grid(precisions, retractions, steps: int, vocab: int, dim: int, optimi
 
 
 def head_label(config) -> str:
-    return f"pit-{config.retraction}" if get_head(config.head).has_retraction else config.head
+    return f"pit-{config.retraction}" if head_named(config.head).has_retraction else config.head
 
 
 def _cell_curves(out: Path, cell) -> dict:
@@ -67,7 +67,7 @@ def _table(out: Path, grid) -> list[dict]:
     def order(c):  # adversary, precision, then PIT by retraction, then tied, untied
         h = c.config
         return (adversaries.index(h.adversary.replace(",", "+")), precisions.index(h.precision), HEAD_NAMES.index(h.head),
-                retractions.index(h.retraction) if get_head(h.head).has_retraction else 0)
+                retractions.index(h.retraction) if head_named(h.head).has_retraction else 0)
 
     table = []
     for c in sorted(sweep.cells(grid), key=order):

@@ -69,7 +69,8 @@ def _wordpiece_file(config) -> str | None:
 
 
 register_stateful(StatefulSource(
-    name=NAME, config_field="lm", check_config=check_config, teacher_fits=teacher_fits, teacher_rows=teacher_rows,
+    name=NAME, config_field="lm", options=lambda value: lm_params(LMParams() if value is None else value),
+    check_config=check_config, teacher_fits=teacher_fits, teacher_rows=teacher_rows,
     input_files={"vocabulary_sha256": (lambda config: f"the WordPiece vocabulary {_wordpiece_file(config)}",
                                        _wordpiece_file)},
     build=make_source))

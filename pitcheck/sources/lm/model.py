@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...model.heads import get_head
 from .params import NAME
 from .corpus import load_corpus
 
@@ -74,7 +73,7 @@ class Head:
 
     def __init__(self, engine):
         self.kind = engine.head
-        self.pit = get_head(engine.head).has_retraction  # PIT's Z and L, or the baselines' tables
+        self.pit = engine.model.has_retraction  # PIT's Z and L, or the baselines' tables
         A, B = engine.stored()
         self.leaves = {}
         if self.pit:

@@ -20,9 +20,8 @@ import numpy as np
 
 from ...numerics.arrays import TorchOps
 from ...infra.errors import PitcheckError
-from ...model.gradients import AdversaryParams, parse_adversary
+from ...model.gradients import AdversaryParams
 from ...infra.plotting import pyplot, save_figure
-from ...numerics.policy import get_policy
 from ...numerics.reference import random_memory
 from ...model.retractions import APPROXIMATE, RETRACTIONS, in_table_order, tangent_projection
 from .runcost import (AMORTISED_STEPS, RunTimer, StackTimer, amortised_ms, cell_seconds, cost_class, cost_classes,
@@ -191,9 +190,10 @@ def step_cases(V: int, D: int, retractions, precisions=("fp32",)) -> list[Case]:
     for prec in precisions:
         for r in retractions:
             cfg = RunConfig(backend="torch", precision=prec, retraction=r, vocab=V, dim=D, device="cpu", shadow=False)
-            eng = make_engine(cfg, "torch", get_policy(prec), "cpu")
-            eng.initialise(*initial_state(cfg))
-            names, params, counter = parse_adversary(cfg.adversary), AdversaryParams(), [0]
+            plan = cfg.resolve()
+            eng = make_engine(plan, "torch", plan.policy, "cpu")
+            eng.initialise(*initial_state(plan))
+            names, params, counter = list(plan.adversaries), AdversaryParams(), [0]
 
             def one_step(eng=eng, names=names, params=params, counter=counter, seed=cfg.seed):
                 grads = eng.gradients(names, seed, counter[0], params, None)

@@ -11,7 +11,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from ...model.gradients import parse_adversary
 from ...trajectory import RunConfig, Trajectory, recorded_steps
 
 # the schedule a run step is amortised over: the default grid's 10^4 steps, recorded as a run records them
@@ -35,7 +34,7 @@ class RunTimer:
             raise
 
     def __post_init__(self):
-        self._names = parse_adversary(self.config.adversary)
+        self._names = list(self.trajectory.pair.plan.adversaries)
 
     def step(self) -> None:
         t = self.trajectory

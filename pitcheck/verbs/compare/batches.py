@@ -14,9 +14,6 @@ from pathlib import Path
 
 from ...model.retractions import STACKED_RETRACTIONS
 from ...infra.errors import PitcheckError
-from ...model.gradients import parse_adversary
-from ...numerics.policy import get_policy
-from ...sources.stateful import stateful_source
 from ...trajectory import RunConfig, Trajectory
 from ...trajectory.batched import run_batch
 from .cells import record_cost, run_cell
@@ -36,11 +33,11 @@ def check_batch(batch) -> int:
 
 def stack_key(config: RunConfig) -> tuple | None:
     """What the cells of one batch must share (None: this cell has no stacked form: it runs alone)."""
-    policy = get_policy(config.precision)
-    alone = (config.head != "pit" or config.optimizer != "sgd" or policy.placement
+    plan = config.resolve()
+    alone = (config.head != "pit" or config.optimizer != "sgd" or plan.policy.placement
              or config.reproject_every or config.reproject_threshold or config.shards != 1
-             or config.retraction not in STACKED_RETRACTIONS or stateful_source(config.adversary)
-             or "adaptive" in parse_adversary(config.adversary) or config.device.startswith("cuda")
+             or config.retraction not in STACKED_RETRACTIONS or plan.source
+             or plan.adaptive or config.device.startswith("cuda")
              or config.vocab * config.dim > BATCH_MAX_ELEMENTS)
     if alone:
         return None

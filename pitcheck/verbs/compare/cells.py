@@ -13,13 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from ...infra.errors import PitcheckError
-from ...model.gradients import parse_adversary
 from ...model.heads import StateBreakdown
-from ...numerics.policy import get_policy
 from ...infra.rundir import read_events, read_manifest, read_metrics, write_atomic
-from ...trajectory import GPU_MIN_ELEMENTS, RunBreakdown, RunConfig, initial_state, make_engine, run, run_device
+from ...trajectory import GPU_MIN_ELEMENTS, RunBreakdown, RunConfig, initial_state, make_engine, run
+from ...trajectory.plan import head_named
 from .grid import Grid, adversary_label, configs
-from ...model.heads import get_head
 
 COST_STEPS, COST_WARMUP = 20, 3
 
@@ -37,7 +35,7 @@ def cell_name(config) -> str:
     for k in ("steps", "device"):
         d.pop(k)
     digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
-    retraction = config.retraction if get_head(config.head).has_retraction else "none"
+    retraction = config.retraction if head_named(config.head).has_retraction else "none"
     shards = f"-shards{config.shards}" if config.shards > 1 else ""  # an unsharded cell keeps its old name
     return (f"{config.precision}-{retraction}-{adversary_label(config.adversary)}-{config.head}-"
             f"{config.vocab}x{config.dim}{shards}-{config.optimizer}-lr{config.lr:g}-seed{config.seed}-{digest}")
@@ -52,7 +50,7 @@ def cells(grid: Grid) -> list[Cell]:
         if name in seen:
             continue
         seen.add(name)
-        group = (a["retraction"] if get_head(a["head"]).has_retraction else "-", a["precision"], a["adversary"], a["optimizer"],
+        group = (a["retraction"] if head_named(a["head"]).has_retraction else "-", a["precision"], a["adversary"], a["optimizer"],
                  a["lr"], a["head"], config.vocab, config.dim, a["shards"])
         out.append(Cell(name, config, group))
     return out
@@ -96,9 +94,10 @@ def time_steps(config, steps: int = COST_STEPS, warmup: int = COST_WARMUP) -> fl
     machine's cores, so their step time says nothing of a cluster's."""
     if config.shards > 1:
         return float("nan")
-    engine = make_engine(config, config.backend, get_policy(config.precision), run_device(config))
-    engine.initialise(*initial_state(config))
-    names = parse_adversary(config.adversary)
+    plan = config.resolve()
+    engine = make_engine(plan, config.backend, plan.policy, plan.device)
+    engine.initialise(*initial_state(plan))
+    names = list(plan.adversaries)
     grads = [engine.gradients([n for n in names if n != "adaptive"] or ["gaussian"], config.seed, k,
                               config.adversary_params) for k in range(steps + warmup)]
     times = []

@@ -13,7 +13,7 @@ from ...infra.errors import PitcheckError
 from ...model.gradients import AdversaryParams
 from ...sources.lm import uses_lm
 from ...trajectory import RunConfig, default_backend
-from ...model.heads import get_head
+from ...trajectory.plan import head_named
 
 AXES = ("retraction", "precision", "adversary", "optimizer", "lr", "head", "shape", "shards", "seed")
 # axes a grid holds only when its file (or an override) names them: a grid without one is the grid it was
@@ -218,7 +218,7 @@ def configs(grid: Grid):
         vocab, dim = parse_shape(a["shape"])
         # a sharded cell runs on torch.distributed whatever its precision (fp64 too)
         backend = fixed.get("backend") or ("torch" if a["shards"] > 1 else default_backend(a["precision"]))
-        retraction = a["retraction"] if get_head(a["head"]).has_retraction else RunConfig.retraction
+        retraction = a["retraction"] if head_named(a["head"]).has_retraction else RunConfig.retraction
         try:
             config = RunConfig(**{**fixed, "backend": backend}, precision=a["precision"], retraction=retraction,
                                adversary=adversary_spec(a["adversary"]), optimizer=a["optimizer"], lr=a["lr"],

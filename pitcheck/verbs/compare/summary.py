@@ -14,7 +14,7 @@ from ...numerics.formats import FORMATS
 from ...numerics.metrics import orthonormality_loss
 from ...numerics.placement import stored_copy, z_format
 from ...trajectory.events import EventKind
-from ...numerics.policy import get_policy
+from ...trajectory.plan import policy_named
 from ...infra.rundir import read_events, read_metrics
 from ...numerics.stats import growth_fit
 from .cells import Cell, cell_dir, cost_path
@@ -58,7 +58,7 @@ def storage_floor(precision: str, vocab: int, dim: int) -> float:
     """||Q^T Q - I||_F of an exactly orthonormal V x D Q rounded to the format Z is stored in, and through
     the policy's placement of Z if it has one (median of
     FLOOR_SAMPLES seeded Q's): no retraction can keep Z closer to the manifold than this."""
-    policy = get_policy(precision)
+    policy = policy_named(precision)
     values = []
     for seed in range(FLOOR_SAMPLES):
         rng = np.random.default_rng([seed, vocab, dim, 7])
@@ -119,7 +119,7 @@ def judge_cells(all_cells: list[Cell], metrics: dict[str, list[dict]],
     (T or L broke down, or cond(T) u passed RESOLVABLE_COND_U), none of those runs judges its retraction,
     even one that did not end. A run that ended in a breakdown not its own judges nothing either."""
     # the same u as the run's precision_cannot_resolve event
-    u = {c.name: get_policy(c.config.precision).u for c in all_cells}
+    u = {c.name: policy_named(c.config.precision).u for c in all_cells}
     cause = {c.name: breakdown_cause(events[c.name], metrics[c.name], u[c.name]) for c in all_cells}
     blew = {n: cause[n] in (CAUSE_T, CAUSE_T_UNRESOLVED) or unresolved(metrics[n], u[n]) for n in cause}
     contexts: dict[tuple, list[str]] = {}
@@ -162,11 +162,11 @@ def summarise(out: Path, grid: Grid, all_cells: list[Cell]) -> list[dict]:
             except (OSError, ValueError, KeyError, TypeError):
                 pass
         finals = [r[-1]["orthonormality"] for r in runs]
-        key = (z_format(get_policy(precision).storage, get_policy(precision).placement)[0], vocab, dim)
+        policy = policy_named(precision)
+        key = (z_format(policy.storage, policy.placement)[0], vocab, dim)
         if key not in floors:
             floors[key] = storage_floor(precision, vocab, dim)
         slope, err = growth_exponent(runs, grid.steps)
-        policy = get_policy(precision)
         factor_u = FORMATS[policy.factor].u
         bounds = [r[-1]["cond_T"] * (r[-1]["orthonormality"] + factor_u) for r in runs]
         row = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .summary import RESOLVABLE_COND_U, median
-from ...model.heads import get_head
+from ...trajectory.plan import head_named
 
 # beyond this cond(T) the head's solves lose all of fp32's digits: T, not Z, is then the problem
 UNSTABLE_COND_T = 1e8
@@ -96,7 +96,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
     out = []
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     for p in precisions:
-        prow = [r for r in rows if r["precision"] == p and get_head(r["head"]).has_retraction]
+        prow = [r for r in rows if r["precision"] == p and head_named(r["head"]).has_retraction]
         by_ret: dict[str, list[dict]] = {}
         for r in prow:
             by_ret.setdefault(r["retraction"], []).append(r)
@@ -147,7 +147,7 @@ def t_instability_lines(rows: list[dict]) -> list[str]:
     the retractions."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if get_head(r["head"]).has_retraction and (not judgeable(r) or r["max_cond_T"] > UNSTABLE_COND_T):
+        if head_named(r["head"]).has_retraction and (not judgeable(r) or r["max_cond_T"] > UNSTABLE_COND_T):
             groups.setdefault((r["adversary"], r["optimizer"], r["lr"]), []).append(r)
     lines = []
     for (adv, opt, lr), rs in groups.items():

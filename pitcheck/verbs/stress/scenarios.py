@@ -58,7 +58,7 @@ from ...model.heads import PIT_ONLY
 from ...infra.rundir import METRIC_COLUMNS, SHARD_COLUMNS
 from ...numerics.stats import MIN_GROWTH_POINTS
 from ...trajectory import RunConfig, recorded_steps
-from ...model.heads import get_head
+from ...trajectory.plan import head_named
 from .target import (DEFAULT_BUDGET_METRICS, DEFAULT_DTYPE, DEFAULT_TIMEOUT, TARGET_KEYS, TARGET_METRICS,
                      TARGET_RUN_KEYS, default_limit)
 
@@ -333,7 +333,7 @@ def load_file(path: Path | str) -> list[Scenario]:
             pass  # the target's own metrics were checked by _target_fields
         elif config.backend != "torch" or not config.shadow:
             never |= set(SHADOW_METRICS)
-        if not get_head(config.head).has_retraction:
+        if not head_named(config.head).has_retraction:
             never |= set(PIT_ONLY)
         if config.shards == 1:
             never |= set(SHARD_COLUMNS)
