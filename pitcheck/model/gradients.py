@@ -78,19 +78,24 @@ def register(name: str, params: tuple[str, ...] = ()):
 
 def default_params(name: str) -> dict:
     """The parameters the named model reads, at their defaults ({field: value}; the same as AdversaryParams())."""
-    parse_adversary(name)
+    check_model(name)
     defaults = AdversaryParams()
     return {f: getattr(defaults, f) for f in MODEL_PARAMETERS[name]}
 
 
 def parse_adversary(spec: str) -> list[str]:
+    """The gradient models an adversary spec ("gaussian,dense_output") sums; a run resolves it once (its plan)."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise PitcheckError("empty --adversary; choose from " + ", ".join(GRADIENT_MODELS))
     for n in names:
-        if n not in GRADIENT_MODELS:
-            raise PitcheckError(f"unknown gradient model {n!r}; choose from {', '.join(GRADIENT_MODELS)}")
+        check_model(n)
     return names
+
+
+def check_model(name: str) -> None:
+    if name not in GRADIENT_MODELS:
+        raise PitcheckError(f"unknown gradient model {name!r}; choose from {', '.join(GRADIENT_MODELS)}")
 
 
 def gradient(spec: str | list[str], Z, L, seed: int, step: int, params: AdversaryParams, probe=None,
@@ -99,7 +104,9 @@ def gradient(spec: str | list[str], Z, L, seed: int, step: int, params: Adversar
 
     `stream` > 0 draws an independent copy of the whole stream (an untied head's second table).
     """
-    names = parse_adversary(spec) if isinstance(spec, str) else spec
+    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else spec
+    for n in names:
+        check_model(n)
     GZ = np.zeros_like(Z)
     GL = np.zeros_like(L)
     # a state that has overflowed gives non-finite gradients: the engine records them as an event (a skipped

@@ -11,7 +11,7 @@ independent draw of the same adversary (stream 1), as a separate table sees diff
 
 A head owns its parameters (the master arrays the optimizer moves), its maps, the move on its
 parameters' space and the metrics that apply to it; the engine (engine.py) owns the formats, the
-optimizer state and loss scaling. `get_head(name).has_retraction` tells PIT from the baselines.
+optimizer state and loss scaling. A head class's `has_retraction` tells PIT from the baselines.
 """
 from __future__ import annotations
 
