@@ -76,8 +76,9 @@ class RunConfig:
         for source in STATEFUL_SOURCES.values():
             object.__setattr__(self, source.config_field, source.options(getattr(self, source.config_field)))
 
-    def validate(self, here: bool = False) -> None:
-        """Every value of its type, in range and meaningful with the others; a one-line reason if not.
+    def validate(self, here: bool = False) -> Plan:
+        """Every value of its type, in range and meaningful with the others; a one-line reason if not. Returns
+        its plan (resolve), which the checks resolved.
 
         here: also that it can run on this machine (the CUDA device it names is present). A stress file
         checks its scenarios without it (a CUDA scenario is skipped, not refused, without a GPU)."""
@@ -136,6 +137,7 @@ class RunConfig:
             source.check_config(self)
         check_placement(self, plan)
         check_sharding(self, plan)
+        return plan
 
     def settings(self) -> StepSettings:
         return StepSettings(self.retraction, self.optimizer, self.lr, self.reproject_every, self.reproject_threshold)

@@ -52,7 +52,7 @@ class Trajectory:
                  force: bool = False, threads: int | None = None):
         if resume and force:
             raise PitcheckError("--resume continues a run and --force starts it over: give one of them")
-        config.validate(here=True)
+        plan = config.validate(here=True)
         self.config = config
         self.store = RunDir(out)
         self.out = self.store.path
@@ -68,7 +68,7 @@ class Trajectory:
         if resume and not self.out.exists():
             raise PitcheckError(f"nothing to resume: {self.out} does not exist (without --resume a run starts there)")
         # everything that needs no directory is built and checked first: a run refused there creates nothing
-        self.pair = make_lockstep(config)
+        self.pair = make_lockstep(config, plan)
         self.engine, self.shadow, self.policy = self.pair.engine, self.pair.shadow, self.pair.policy
         self.inputs = input_hashes(self.pair.plan)
         created = [p for p in (self.out, *self.out.parents) if not p.exists()]

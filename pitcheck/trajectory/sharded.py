@@ -200,6 +200,7 @@ class ShardedLockstep(Lockstep):
         self.sharded.load_state_dict({k[8:]: v for k, v in arrays.items() if k.startswith("sharded_")})
 
 
-def make_lockstep(config) -> Lockstep:
-    """The run's model and references: a ShardedLockstep for --shards N > 1, else the single-process Lockstep."""
-    return ShardedLockstep(config) if config.shards > 1 else Lockstep(config)
+def make_lockstep(config, plan=None) -> Lockstep:
+    """The run's model and references: a ShardedLockstep for --shards N > 1, else the single-process Lockstep.
+    plan: the config's, where the caller resolved it already."""
+    return ShardedLockstep(config) if config.shards > 1 else Lockstep(config, plan)

@@ -76,8 +76,8 @@ def _advance_source(engine, skipped: bool) -> None:
 class Lockstep:
     """The model (`engine`) and its float64 shadow (`shadow`, None without one), built at their initial state."""
 
-    def __init__(self, config: RunConfig):
-        self.config, self.plan = config, config.resolve()
+    def __init__(self, config: RunConfig, plan: Plan | None = None):
+        self.config, self.plan = config, plan or config.resolve()
         self.policy = self.plan.policy
         self.engine = make_engine(self.plan, config.backend, self.policy, self.plan.device)
         self.shadow = None
