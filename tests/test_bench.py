@@ -43,12 +43,13 @@ def test_json_schema_and_ratios(doc):
         assert math.isclose(r["ratio"], r["ms"] / r["gemm_ms"], rel_tol=2e-2, abs_tol=2e-3)
         assert (r["peer"] is None) == (r["kind"] != "peer")
     kinds = {r["kind"] for r in doc["results"]}
-    assert kinds == {"gemm", "floor", "retraction", "peer", "step", "metrics", "run", "record", "runstep"}
+    assert kinds == {"gemm", "floor", "retraction", "peer", "step", "metrics", "run", "record", "measure", "commit",
+                     "runstep"}
     gemm = [r for r in doc["results"] if r["kind"] == "gemm"]
     assert len(gemm) == 4 and all(r["ratio"] == 1.0 for r in gemm)
     # the run step's own shape, added to the shapes asked for: the GEMM and the run step only
     extra = {r["kind"] for r in doc["results"] if (r["vocab"], r["dim"]) == benchmark.RUN_STEP_SHAPE}
-    assert extra == {"gemm", "floor", "run", "record", "runstep"}
+    assert extra == {"gemm", "floor", "run", "record", "measure", "commit", "runstep"}
     # numpy's GEMM on the same memory beside the unit, at every shape
     floors = [r for r in doc["results"] if r["kind"] == "floor"]
     assert len(floors) == 4 and all(r["retraction"] == benchmark.NUMPY_GEMM and r["ratio"] > 0 for r in floors)
@@ -300,3 +301,64 @@ def test_cell_seconds_and_cost_classes():
     configs = [RunConfig(seed=s, retraction=r) for s in (0, 1) for r in ("qr", "polar")]
     classes = cost_classes(configs)
     assert len(classes) == 2 and all(len(v) == 2 for v in classes.values())
+
+
+def test_a_record_is_timed_whole_and_as_its_metrics_row_and_its_commit(doc, tmp_path):
+    """A record's two halves are timed apart (the metrics row; the commit written through) beside the record,
+    and the halves do what their names say: measure() writes nothing, commit() writes the run's files."""
+    from pitcheck.trajectory import RunConfig
+    from pitcheck.verbs.bench.runcost import RunTimer
+
+    for V, D in {(r["vocab"], r["dim"]) for r in doc["results"] if r["kind"] == "run"}:
+        parts = {r["kind"]: r for r in doc["results"] if (r["vocab"], r["dim"]) == (V, D)}
+        assert parts["measure"]["retraction"] == "run metrics row" and parts["commit"]["retraction"] == "run commit"
+        assert parts["measure"]["ms"] > 0 and parts["commit"]["ms"] > 0
+    timer = RunTimer.build(RunConfig(backend="torch", precision="fp32", vocab=64, dim=4, device="cpu", steps=10))
+    try:
+        run = timer.trajectory.out
+        timer.step()
+        timer.measure()
+        timer.trajectory.store.drain()  # a commit left to the commit thread would be written by now
+        assert timer.trajectory.rows[-1]["step"] == 1 and not (run / "metrics.csv").exists()
+        timer.commit()
+        assert (run / "metrics.csv").read_text().splitlines()[-1].startswith("1,")
+    finally:
+        timer.close()
+    assert "run commit" in benchmark.table(doc) and "run metrics row" in benchmark.table(doc)
+
+
+@pytest.mark.parametrize("device, what", [("gpu", "unknown device 'gpu'"), ("cuda:7", "device cuda:7 asked for"),
+                                          (3, "bench: device must be cpu, cuda, cuda:N or auto")])
+def test_a_device_bench_cannot_use_is_refused_before_timing(device, what, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(benchmark, "run_bench", _not_timed)
+    with pytest.raises(PitcheckError, match=what):
+        benchmark.bench([(256, 4)], device=device)
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_the_grid_stays_on_the_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert benchmark.bench_device("auto", grid=True) == "cpu" and benchmark.bench_device("cpu", grid=False) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert benchmark.bench_device("auto", grid=False) == "cuda"
+    with pytest.raises(PitcheckError, match="--grid costs compare's cells on this machine's CPU pool"):
+        benchmark.bench_device("cuda", grid=True)
+
+
+def test_a_gpu_clock_is_wall_time_between_synchronisations(monkeypatch):
+    """On CUDA a case's time is wall time with the device synchronised at both ends (its kernels run
+    asynchronously: CPU time would time their launches); on the CPU it stays the process's CPU time."""
+    import torch
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    assert benchmark.device_clock("cpu") is benchmark._cpu_seconds
+    clock = benchmark.device_clock("cuda:0")
+    case = benchmark.Case("sleep", "run", lambda: __import__("time").sleep(0.01), 8, 2)
+    benchmark.time_interleaved([case], rounds=2, target_s=0.0, clock=clock)
+    assert min(case.times) >= 0.009 and synced and set(synced) == {"cuda:0"}

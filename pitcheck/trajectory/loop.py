@@ -141,6 +141,10 @@ class Trajectory:
         """Commit the current state (rows unchanged): what the loop does when interrupted."""
         self._commit()
 
+    def measure(self) -> None:
+        """Measure the current state into its metrics row, committing nothing (a record's first half)."""
+        self._measure_row()
+
     def close(self) -> None:
         """Release the directory's lock and the model, as run() does when it returns."""
         self.store.close()

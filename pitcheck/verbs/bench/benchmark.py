@@ -29,7 +29,7 @@ from .runcost import (AMORTISED_STEPS, RunTimer, StackTimer, amortised_ms, cell_
 from ...infra.rundir import check_distinct_outputs, check_out_file, check_out_path, write_atomic
 from ...infra.threads import available_cores, pin_threads, policy_threads
 from ...trajectory import RunConfig, available_memory, check_memory, initial_state, make_engine, recorded_steps
-from ...trajectory.config import check_argument, is_int
+from ...trajectory.config import check_argument, check_device, check_device_present, is_int
 
 QUICK_SHAPES = [(2048, 32), (16384, 64), (8192, 128), (65536, 32)]
 FULL_SHAPES = [(v, d) for v in (4096, 16384, 65536) for d in (32, 64, 128)]
@@ -39,7 +39,7 @@ STEP_RETRACTIONS = ("qr", "cholqr2", "cayley", "polar-gram", "rcqr", "cholqr3-sh
 # the whole run step (runcost.py) is also timed at V x D = 2048 x 64, the shape the stacked step's speed is judged at
 RUN_STEP_SHAPE = (2048, 64)
 RUN_STEP_RETRACTION = "qr"
-TARGETS = [  # issues 9 and 16: (what, shape or None for every shape timed, ceiling in GEMM units)
+TARGETS = [  # the ceilings bench is judged against: (what, shape or None for every shape timed, ceiling in GEMM units)
     ("cholqr2", (8192, 128), 3.5),
     ("cayley", (8192, 128), 5.0),
     ("qr", (8192, 128), 4.0),
@@ -54,7 +54,9 @@ TARGETS = [  # issues 9 and 16: (what, shape or None for every shape timed, ceil
 class Case:
     """Something to time at one shape: fn() does one unit of work (a retraction, a step, a record)."""
     name: str
-    kind: str  # gemm, floor (another library's GEMM), retraction, peer, step, metrics, run, record (amortised: runstep)
+    # gemm, floor (another library's GEMM), retraction, peer, step, metrics, run, record (amortised: runstep), and
+    # a record's two parts: measure (the metrics row) and commit (the checkpoint and files written)
+    kind: str
     fn: object
     vocab: int
     dim: int
@@ -70,37 +72,53 @@ def _cpu_seconds() -> float:
     return time.process_time()
 
 
-def _calibrate(fn, target_s: float) -> int:
-    t0 = _cpu_seconds()
+def device_clock(device: str):
+    """What a case's time is on `device`: the process's CPU time on the CPU (the least disturbed by other jobs on
+    shared cores); on CUDA, wall time between two synchronisations (the GPU's work is no CPU time of this process)."""
+    if not device.startswith("cuda"):
+        return _cpu_seconds
+    import torch  # loaded already: a CUDA bench built its tensors with it
+
+    def wall() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return wall
+
+
+def _calibrate(fn, target_s: float, clock) -> int:
+    t0 = clock()
     fn()
-    t = _cpu_seconds() - t0
+    t = clock() - t0
     return max(1, min(50, int(math.ceil(target_s / max(t, 1e-6)))))
 
 
-def time_interleaved(cases: list[Case], rounds: int, target_s: float = 0.02, seed: int = 0) -> None:
-    """Each round times every case once (reps calls, CPU time), in a shuffled order; keeps all samples.
+def time_interleaved(cases: list[Case], rounds: int, target_s: float = 0.02, seed: int = 0, clock=None) -> None:
+    """Each round times every case once (reps calls; CPU time, or `clock`), in a shuffled order; keeps all samples.
     The minimum over rounds is the estimate: the least disturbed by other jobs on shared cores."""
+    clock = clock or _cpu_seconds
     for c in cases:
-        c.reps = _calibrate(c.fn, target_s)  # also the warm-up
+        c.reps = _calibrate(c.fn, target_s, clock)  # also the warm-up
     order = list(cases)
     rng = random.Random(seed)
     for _ in range(rounds):
         rng.shuffle(order)
         for c in order:
-            t0 = _cpu_seconds()
+            t0 = clock()
             for _ in range(c.reps):
                 c.fn()
-            c.times.append((_cpu_seconds() - t0) / c.reps)
+            c.times.append((clock() - t0) / c.reps)
 
 
-def _tall_point(V: int, D: int, dtype, seed: int = 0):
+def _tall_point(V: int, D: int, dtype, seed: int = 0, device: str = "cpu"):
     import torch
 
     rng = np.random.default_rng(seed)
     Z = random_memory(V, D, rng)
     xi = tangent_projection(Z, rng.standard_normal((V, D)))
     xi *= 1e-2 * math.sqrt(D) / np.linalg.norm(xi)
-    return torch.from_numpy(Z).to(dtype).contiguous(), torch.from_numpy(xi).to(dtype).contiguous()
+    return (torch.from_numpy(Z).to(device=device, dtype=dtype).contiguous(),
+            torch.from_numpy(xi).to(device=device, dtype=dtype).contiguous())
 
 
 def _vv_bytes(V: int, itemsize: int = 4) -> int:
@@ -183,15 +201,15 @@ def retraction_cases(V: int, D: int, Z, xi, names) -> list[Case]:
             for n in names]
 
 
-def step_cases(V: int, D: int, retractions, precisions=("fp32",)) -> list[Case]:
+def step_cases(V: int, D: int, retractions, precisions=("fp32",), device: str = "cpu") -> list[Case]:
     """A full engine step (gradients in the engine's stream, optimizer, retraction), and one metrics
-    record, on a torch CPU engine without the float64 shadow."""
+    record, on a torch engine on `device` without the float64 shadow."""
     cases = []
     for prec in precisions:
         for r in retractions:
-            cfg = RunConfig(backend="torch", precision=prec, retraction=r, vocab=V, dim=D, device="cpu", shadow=False)
+            cfg = RunConfig(backend="torch", precision=prec, retraction=r, vocab=V, dim=D, device=device, shadow=False)
             plan = cfg.resolve()
-            eng = make_engine(plan, "torch", plan.policy, "cpu")
+            eng = make_engine(plan, "torch", plan.policy, device)
             eng.initialise(*initial_state(plan))
             names, params, counter = list(plan.adversaries), AdversaryParams(), [0]
 
@@ -206,14 +224,17 @@ def step_cases(V: int, D: int, retractions, precisions=("fp32",)) -> list[Case]:
     return cases
 
 
-def run_cases(V: int, D: int) -> tuple[list[Case], list[RunTimer]]:
+def run_cases(V: int, D: int, device: str = "cpu") -> tuple[list[Case], list[RunTimer]]:
     """A whole run step (gradients, model, float64 shadow) and a record (metrics row and checkpoint
-    commit) of an fp32 qr run on the torch CPU backend, built as `pitcheck run` builds it."""
+    commit) of an fp32 qr run on the torch backend on `device`, built as `pitcheck run` builds it; and the
+    record's two parts apart: the metrics row, and the commit written through (not left to the commit thread)."""
     config = RunConfig(backend="torch", precision="fp32", retraction=RUN_STEP_RETRACTION, vocab=V, dim=D,
-                       device="cpu", steps=AMORTISED_STEPS)
+                       device=device, steps=AMORTISED_STEPS)
     timer = RunTimer.build(config)
     return [Case(f"run:{RUN_STEP_RETRACTION}", "run", timer.step, V, D),
-            Case("run record", "record", timer.record, V, D)], [timer]
+            Case("run record", "record", timer.record, V, D),
+            Case("run metrics row", "measure", timer.measure, V, D),
+            Case("run commit", "commit", timer.commit, V, D)], [timer]
 
 
 def run_step_rows(results: list[dict], V: int, D: int) -> list[dict]:
@@ -309,13 +330,16 @@ def batched_grid_rate(grid, classes: dict, class_rows: list[dict], batch: int, r
             "wall_estimate_s": significant(total / cores), "stacks": rows}
 
 
-def machine() -> dict:
+def machine(device: str = "cpu") -> dict:
     import torch
 
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": np.__version__, "threads": policy_threads(), "clock": "process CPU time",
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    out = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+           "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+           "numpy": np.__version__, "threads": policy_threads(), "clock": "process CPU time",
+           "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    if device.startswith("cuda"):
+        out.update(device=device, gpu=torch.cuda.get_device_name(device), clock="wall time between CUDA synchronisations")
+    return out
 
 
 def fit_scaling(results: list[dict]) -> dict:
@@ -374,6 +398,22 @@ def bench_arguments(shapes, retractions, rounds, json_path, out) -> None:
         check_argument(f"bench: {name}", value, (str, os.PathLike, type(None)), "a path (str or pathlib.Path) or None")
 
 
+def bench_device(device: str, grid: bool) -> str:
+    """The device bench times on: cpu, cuda or cuda:N as given, auto as CUDA where torch sees one; a one-line
+    refusal for another name, a CUDA device this machine lacks, or --grid beside a GPU (the grid's cost is
+    compare's CPU pool)."""
+    check_argument("bench: device", device, (str,), "cpu, cuda, cuda:N or auto")
+    check_device(device, "torch")
+    if device == "auto":
+        import torch  # bench needs it anyway
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device_present(device)
+    if grid and device.startswith("cuda"):
+        raise PitcheckError(f"--grid costs compare's cells on this machine's CPU pool: give it without --device {device}")
+    return device
+
+
 def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[str]]:
     """The shapes and retractions to time (None: the defaults), refused before anything is timed when a
     list is empty, names something that is not a retraction, or repeats an entry (it would be timed twice
@@ -406,40 +446,45 @@ def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[s
 
 
 def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
-              steps: bool = True, echo=None, grid: bool = False) -> dict:
+              steps: bool = True, echo=None, grid: bool = False, device: str = "cpu") -> dict:
     """Time every retraction, peer, full step and metrics record at each shape, against Z^T Z of the
-    same shape and dtype timed in the same interleaved rounds. Returns the JSON document."""
+    same shape and dtype timed in the same interleaved rounds on `device`. Returns the JSON document."""
     import torch
 
+    on_gpu = device.startswith("cuda")
+    clock = device_clock(device)
     mode = "quick" if quick else "full"
     shapes, names = bench_inputs(shapes, retractions, quick)
     rounds = rounds or (5 if quick else 9)
     pinned = pin_threads(policy_threads())  # one thread unless --threads chose more
     results, notes = [], []
+    if on_gpu and peers:  # the peers' V x V forms and host-side set-up are a CPU comparison
+        notes.append({"peer": "torch/geoopt/geotorch peers", "vocab": 0, "dim": 0, "status": f"not run on {device}"})
     # the run step's own shape, when the shapes asked for do not include it: the GEMM and the run step only
     extra = [RUN_STEP_SHAPE] if steps and RUN_STEP_SHAPE not in shapes else []
     for V, D in [*shapes, *extra]:
         check_memory(V, D, "the benchmark")
-        Z, xi = _tall_point(V, D, torch.float32)
-        # the unit is torch's GEMM (what the retractions call); numpy's BLAS doing the same product is
-        # timed beside it, for where the unit itself is not the machine's fastest GEMM
-        Zn = Z.numpy()
-        cases = [Case("gemm", "gemm", lambda Z=Z: Z.T @ Z, V, D),
-                 Case(NUMPY_GEMM, "floor", lambda Zn=Zn: Zn.T @ Zn, V, D)]
+        Z, xi = _tall_point(V, D, torch.float32, device=device)
+        # the unit is torch's GEMM (what the retractions call); on the CPU numpy's BLAS doing the same product
+        # is timed beside it, for where the unit itself is not the machine's fastest GEMM
+        cases = [Case("gemm", "gemm", lambda Z=Z: Z.T @ Z, V, D)]
+        if not on_gpu:
+            Zn = Z.numpy()
+            cases.append(Case(NUMPY_GEMM, "floor", lambda Zn=Zn: Zn.T @ Zn, V, D))
         timers = []
         if (V, D) not in extra:
             cases += retraction_cases(V, D, Z, xi, names)
-            if peers:
+            if peers and not on_gpu:
                 pc, pn = peer_cases(V, D, Z, xi, mode)
                 cases += pc
                 notes += pn
             if steps:
-                cases += step_cases(V, D, [r for r in STEP_RETRACTIONS if r in names] or names[:1])
+                cases += step_cases(V, D, [r for r in STEP_RETRACTIONS if r in names] or names[:1], device=device)
         if steps:
-            run, timers = run_cases(V, D)
+            run, timers = run_cases(V, D, device)
             cases += run
         try:
-            time_interleaved(cases, rounds)
+            time_interleaved(cases, rounds, clock=clock)
         finally:
             for timer in timers:
                 timer.close()
@@ -454,7 +499,7 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
         results += run_step_rows(results, V, D)
         if echo:
             echo(V, D, [r for r in results if r["vocab"] == V and r["dim"] == D])
-    doc = {"machine": {**machine(), "pinned": pinned}, "mode": mode, "rounds": rounds, "results": results,
+    doc = {"machine": {**machine(device), "pinned": pinned}, "mode": mode, "rounds": rounds, "results": results,
            "not_run": notes}
     doc["scaling"] = fit_scaling(results)
     doc["tracking"] = tracking_fraction(results)
@@ -508,7 +553,7 @@ def table(doc: dict) -> str:
     names += sorted(timed - set(names))  # a name the registry does not know (an older bench.json) goes last
     peers = sorted({r["retraction"] for r in res if r["kind"] == "peer"},
                    key=lambda n: PEER_ORDER.index(n) if n in PEER_ORDER else 9)
-    steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics", "runstep")},
+    steps = sorted({r["retraction"] for r in res if r["kind"] in ("step", "metrics", "runstep", "measure", "commit")},
                    key=lambda n: (n == "metrics", n.startswith("run"), n))
     floors = sorted({r["retraction"] for r in res if r["kind"] == "floor"})
     cols = floors + names + peers + steps
@@ -542,6 +587,7 @@ def _threads_text(m: dict) -> str:
 def report(doc: dict) -> str:
     m = doc["machine"]
     out = [f"# pitcheck bench ({doc['mode']})", "",
+           (f"{m['gpu']} ({m['device']}), " if m.get("gpu") else "") +
            f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, {_threads_text(m)} "
            f"({', '.join(m.get('pinned', []))} pinned), {m['clock']}, minimum of {doc['rounds']} interleaved rounds; "
            f"load average at the end {m.get('load_average')}.", "",
@@ -581,7 +627,7 @@ def report(doc: dict) -> str:
                     f"cell time, {b['cells_per_second']:.3g} cells per second of one core; about "
                     f"{b['wall_estimate_s']:.4g} s of wall on {g['cores']} cores.", ""]
     if doc.get("targets"):
-        out += ["Targets (issues 9 and 16):", "", "| target | V x D | measured | reached |", "|---|---|---|---|"]
+        out += ["Targets:", "", "| target | V x D | measured | reached |", "|---|---|---|---|"]
         for t in doc["targets"]:
             extra = f" (fastest peer {t['peer']} {t['peer_ratio']:.3g})" if "peer" in t else ""
             out.append(f"| {t['target']} | {t['vocab']} x {t['dim']} | {t['ratio']:.3g}{extra} | "
@@ -652,7 +698,7 @@ def _echo_shape(V: int, D: int, rows: list[dict]) -> None:
 
 def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
           steps: bool = True, json_path: str | Path | None = None, out: str | Path | None = None,
-          progress: bool = False, grid: bool = False) -> dict:
+          progress: bool = False, grid: bool = False, device: str = "cpu") -> dict:
     """Time each retraction, peer, full engine step and metrics record as a ratio to the Z^T Z GEMM of the
     same shape, timed in the same interleaved rounds on one pinned thread; return the results document.
 
@@ -662,6 +708,8 @@ def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractio
     steps: time full steps, metrics records and the whole run step (runcost.py; also at RUN_STEP_SHAPE);
     grid: also cost the default compare grid in cells per second (about a minute). json_path: write the document there; out: write
     report.md, bench.json and bench.png into that directory. progress: one line per shape on stderr.
+    device: cpu, cuda or cuda:N (auto: CUDA where torch sees one): on CUDA every case runs on that device and is
+    timed as wall time between synchronisations; the peers and numpy's GEMM are CPU comparisons, not run there.
     Bad input (an empty or repeated list, an unknown retraction, rounds < 1, outputs that cannot be
     written or name one file twice) raises PitcheckError before anything is timed.
     """
@@ -669,9 +717,10 @@ def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractio
     if rounds is not None and rounds < 1:
         raise PitcheckError(f"--rounds must be >= 1, got {rounds}")
     bench_inputs(shapes, retractions, quick)
+    device = bench_device(device, grid)
     check_outputs(json_path, out)
     doc = run_bench(shapes, quick=quick, rounds=rounds, retractions=retractions, peers=peers, steps=steps,
-                    echo=_echo_shape if progress else None, grid=grid)
+                    echo=_echo_shape if progress else None, grid=grid, device=device)
     payload = (json.dumps(doc, indent=2) + "\n").encode()
     if json_path:
         write_atomic(json_path, payload)

@@ -43,7 +43,15 @@ class RunTimer:
         t.step += 1
 
     def record(self) -> None:
-        self.trajectory._record()
+        self.trajectory.record()
+
+    def measure(self) -> None:
+        """A record's metrics row alone."""
+        self.trajectory.measure()
+
+    def commit(self) -> None:
+        """A record's commit alone, written through: the state copied off the device, serialised and written."""
+        self.trajectory.checkpoint()
 
     def close(self) -> None:
         self.trajectory.store.close()
