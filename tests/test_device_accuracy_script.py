@@ -1,0 +1,28 @@
+"""scripts/measurements/device_accuracy.py runs on the CPU between GPU sessions: its CPU column is the
+distance each exact map lands from the manifold, in units of u of float32, checked against float32's floor."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("device_accuracy", ROOT / "scripts/measurements/device_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_column_lands_each_exact_map_near_float32s_floor(tmp_path, capsys):
+    script = _script()
+    assert script.main(["--shape", "512x16", "--retractions", "qr,polar,polar-gram,cholqr2",
+                        "--out", str(tmp_path / "acc.json")]) == 0
+    doc = json.loads((tmp_path / "acc.json").read_text())
+    assert [r["retraction"] for r in doc["rows"]] == ["qr", "polar", "polar-gram", "cholqr2"]
+    for row in doc["rows"]:
+        # an exact map's result rounded to float32 sits within a small multiple of D u of the manifold
+        assert 0 < row["cpu"] < 16 * row["dim"] and math.isfinite(row["cpu"])
+        assert ("cuda" in row) == (doc["device"] is not None)
+    assert "polar-gram" in capsys.readouterr().out
