@@ -1,4 +1,5 @@
-"""`pitcheck plot`: metrics of run directories against step, in one figure."""
+"""`pitcheck plot`: metrics of run directories against step, in one figure sized for a paper's column (one
+panel) or page (two or more)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,8 @@ NEEDS_TORCH = False
 
 def add_parser(sub) -> argparse.ArgumentParser:
     g = sub.add_parser("plot", help="plot metrics of run directories against step")
-    g.add_argument("runs", nargs="+")
+    g.add_argument("runs", nargs="+", help="run directories; each line is labelled by what sets its manifest's "
+                   "config apart from the others' (the shared settings go in the title)")
     g.add_argument("--metrics", default="orthonormality,pinv_drift,trisolve_forward")
     g.add_argument("--out", required=True, help="figure file: .png, .svg or .pdf (no suffix: PNG)")
     g.add_argument("--dpi", type=int, default=110, help="resolution of a PNG (default 110; 300 for print)")

@@ -1,5 +1,6 @@
-"""Figures as files: matplotlib without a display, formats chosen by suffix, and no timestamps in the
-files (the same plot, the same bytes). Mechanisms only: what to draw is the verbs' business."""
+"""Figures as files: matplotlib without a display, one style for every figure (sizes in points for a paper's
+column), formats chosen by suffix, and no timestamps in the files (the same plot, the same bytes). Mechanisms
+only: what to draw is the verbs' business."""
 from __future__ import annotations
 
 import io
@@ -10,23 +11,78 @@ import numpy as np
 from .errors import PitcheckError
 from .rundir import check_out_file, write_atomic
 
+# A figure is drawn at the width it is printed at, so that its points are the reader's points: one column
+# of a two-column paper (3.3 in) or the page's two (7 in). The sizes below are for those widths.
+COLUMN_WIDTH = 3.3  # inches
+PAGE_WIDTH = 7.0  # inches
+TEXT_PT = 8  # axis labels, panel titles, notes
+TITLE_PT = 9  # a figure's title
+SMALL_PT = 7  # tick labels and legends; nothing in a figure is smaller
+MIN_PT = SMALL_PT
+
+STYLE = {
+    "font.size": TEXT_PT,
+    "axes.titlesize": TEXT_PT,
+    "axes.labelsize": TEXT_PT,
+    "figure.titlesize": TITLE_PT,
+    "xtick.labelsize": SMALL_PT,
+    "ytick.labelsize": SMALL_PT,
+    "legend.fontsize": SMALL_PT,
+    "legend.title_fontsize": SMALL_PT,
+    "axes.linewidth": 0.6,
+    "grid.linewidth": 0.4,
+    "lines.linewidth": 1.0,
+    "lines.markersize": 3.5,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "xtick.minor.width": 0.4,
+    "ytick.minor.width": 0.4,
+    "legend.handlelength": 1.6,
+    "figure.figsize": (COLUMN_WIDTH, 2.4),
+    "svg.hashsalt": "pitcheck",  # the same plot, the same SVG bytes
+}
+
 
 def pyplot():
+    """matplotlib.pyplot for files (no display), with STYLE set: every figure pitcheck draws starts here."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    plt.rcParams.update(STYLE)
     return plt
 
 
-def draw_metric(ax, rows: list[dict], metric: str, label: str) -> None:
+def readable(fig) -> None:
+    """No text of `fig` under MIN_PT: a size a figure's code asked for below it is raised to it."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        if text.get_fontsize() < MIN_PT:
+            text.set_fontsize(MIN_PT)
+
+
+def draw_metric(ax, rows: list[dict], metric: str, label: str, **style) -> None:
     """One metric against step on log-log axes; step 0 is drawn at 1, zeros at 1e-17; all-NaN skipped."""
     vals = np.array([r[metric] for r in rows])
     if np.isnan(vals).all():  # e.g. no shadow for the float64 reference itself
         return
     steps = np.array([max(r["step"], 1) for r in rows])
-    ax.loglog(steps, np.maximum(vals, 1e-17), marker=".", label=label)
+    ax.loglog(steps, np.maximum(vals, 1e-17), **{"marker": ".", **style}, label=label)
+
+
+def plain_ticks_within_a_decade(ax) -> None:
+    """A log axis that spans less than a decade gets a few plain numbers (0.084, not 8.4 x 10^-2) on its
+    ticks instead of a label on every minor tick."""
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
+
+    for axis, scale, (low, high) in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()),
+                                     (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
+        if scale == "log" and 0 < low < high < 10 * low:
+            axis.set_major_locator(MaxNLocator(4))
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(NullFormatter())
 
 
 # plot --out's format follows its suffix; a path without one (/dev/null, /dev/stdout) gets a PNG
@@ -53,6 +109,7 @@ def save_figure(plt, fig, path: Path, dpi: int = DEFAULT_DPI, fmt: str | None = 
         raise PitcheckError(f"--format {fmt}: choose png, svg or pdf")
     if isinstance(dpi, bool) or not isinstance(dpi, int) or not 10 <= dpi <= 2400:
         raise PitcheckError(f"--dpi must be an integer from 10 to 2400, got {dpi!r}")
+    readable(fig)
     buf = io.BytesIO()
     fig.savefig(buf, dpi=dpi, format=fmt, metadata=FIGURE_METADATA[fmt], bbox_inches="tight")
     plt.close(fig)
@@ -67,12 +124,14 @@ def check_figure_path(path: Path | str) -> Path:
     return path
 
 
-def save_png_and_svg(plt, fig, out: Path, stem: str) -> list[str]:
+def save_png_and_svg(plt, fig, out: Path, stem: str, dpi: int = DEFAULT_DPI) -> list[str]:
+    """fig as out/stem.png (at `dpi`) and out/stem.svg, cropped to what is drawn (a legend outside the axes
+    included); returns the two names."""
+    readable(fig)
     names = []
     for ext in ("png", "svg"):
         buf = io.BytesIO()
-        meta = {"Date": None} if ext == "svg" else {"Software": None}
-        fig.savefig(buf, format=ext, dpi=110, metadata=meta)
+        fig.savefig(buf, format=ext, dpi=dpi, metadata=FIGURE_METADATA[ext], bbox_inches="tight", pad_inches=0.03)
         write_atomic(out / f"{stem}.{ext}", buf.getvalue())
         names.append(f"{stem}.{ext}")
     plt.close(fig)

@@ -1,33 +1,22 @@
 """A sweep's report: report.md (the verdict first, then the table, the floors and bounds, how it ran, the
-plots) and its figures: growth, retractions and cost."""
+plots); its figures (growth, retractions and cost) are figures.py's."""
 from __future__ import annotations
 
-import itertools
 import math
 import platform
 from pathlib import Path
 
-import numpy as np
-
 from ...numerics.placement import z_format
-from ...infra.plotting import pyplot, save_png_and_svg
-from ...numerics.policy import get_policy
-from ...model.retractions import RECORDS, PlotStyle
-from ...infra.rundir import read_metrics, write_atomic
+from ...trajectory.plan import policy_named
+from ...infra.rundir import write_atomic
 from ...infra.threads import available_cores
 from ...trajectory import versions
-from .cells import COST_STEPS, Cell, cell_dir, cells
-from .grid import Grid, axis_values, parse_shape
+from .cells import COST_STEPS, cells
+from .figures import plot_sweep
+from .grid import Grid, axis_values
 from .summary import RESOLVABLE_COND_U
-from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, judge, not_judged, own_breakdowns, t_instability_lines, verdict_lines
-from ...model.heads import get_head
-from ...numerics.policy import precision_style
+from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, not_judged, own_breakdowns, t_instability_lines, verdict_lines
 
-
-
-def retraction_style(name: str) -> PlotStyle:
-    """The registry's style of a retraction; a baseline head's row ('-': no retraction) is drawn as 'none'."""
-    return RECORDS["none" if name == "-" else name].style
 
 
 def _fmt(x, spec=".2e") -> str:
@@ -79,7 +68,7 @@ def placement_lines(rows: list[dict]) -> list[str]:
     """For a grid with placements (pitcheck.numerics.placement): the precisions ranked by what the tie keeps, each at
     its best retraction: ||W E - I||_F against the drift bound (the tie holds when within it), then
     ||Z^T Z - I||_F against its floor. [] when no row has a placement."""
-    if not any(get_policy(r["precision"]).placement for r in rows):
+    if not any(policy_named(r["precision"]).placement for r in rows):
         return []
     best = {}
     for r in rows:
@@ -96,7 +85,7 @@ def placement_lines(rows: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     ranked = sorted(best.items(), key=lambda item: (item[1]["drift"], item[1]["ortho"]))
     for rank, (precision, b) in enumerate(ranked, 1):
-        placed = get_policy(precision).placement
+        placed = policy_named(precision).placement
         over = b["drift"] / b["bound"] if b["bound"] > 0 else math.nan
         if b["floor"] > 0.1:
             tie = "inconclusive (floor > 0.1)"
@@ -175,7 +164,7 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     ]
     seen = set()
     for r in rows:
-        policy = get_policy(r["precision"])
+        policy = policy_named(r["precision"])
         fmt, u = z_format(policy.storage, policy.placement)
         key = (fmt, r["vocab"], r["dim"])
         if key in seen:
@@ -198,164 +187,6 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
     for p in plots:
         lines += [f"![{p}]({p})", ""]
     return "\n".join(lines) + "\n"
-
-
-# curves a growth panel labels in its own legend; more share one legend under the figure
-MAX_PANEL_LEGEND = 8
-
-
-def curves(out: Path, all_cells: list[Cell]) -> dict:
-    """group -> (steps, median, min, max) of ||Z^T Z - I||_F over the seeds, on the steps all seeds have."""
-    by_group: dict[tuple, list] = {}
-    for c in all_cells:
-        by_group.setdefault(c.group, []).append(read_metrics(cell_dir(out, c) / "metrics.csv"))
-    result = {}
-    for group, runs in by_group.items():
-        n = min(len(r) for r in runs)
-        steps = np.array([max(r["step"], 1) for r in runs[0][:n]])
-        vals = np.array([[x["orthonormality"] for x in r[:n]] for r in runs])
-        result[group] = (steps, np.median(vals, 0), vals.min(0), vals.max(0))
-    return result
-
-
-def _panels(plt, n: int, width: float, height: float, sharey: bool):
-    """n log-log panels, at most 4 to a row; labels on the outer ones; spare axes hidden."""
-    ncols = min(4, n)
-    nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 0.6, height * nrows + 1.0), sharex=True,
-                             sharey=sharey, squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for k, ax in enumerate(flat):
-        if k >= n:
-            ax.set_visible(False)
-            continue
-        ax.grid(True, which="major", alpha=0.3)
-        if k % ncols == 0:
-            ax.set_ylabel("||Z^T Z - I||_F")
-        if k + ncols >= n:
-            ax.set_xlabel("step (0 drawn at 1)")
-            ax.xaxis.set_tick_params(labelbottom=True)
-    return fig, flat[:n]
-
-
-def plot_sweep(out: Path, grid: Grid, rows: list[dict]) -> list[str]:
-    """growth.{png,svg}, retractions.{png,svg}, cost.{png,svg} in out; returns the PNG names."""
-    # matplotlib loads only to draw: the workers that import this package to run cells never need it
-    from matplotlib.lines import Line2D
-
-    plt = pyplot()
-    plt.rcParams["svg.hashsalt"] = "pitcheck"  # the same plot, the same SVG bytes
-    all_cells = cells(grid)
-    data = curves(out, all_cells)
-    by_key = {(r["retraction"], r["precision"], r["adversary"], r["optimizer"], r["lr"], r["head"], r["vocab"],
-               r["dim"], r["shards"]): r for r in rows}
-    # the plots show the first value of every axis but retraction, precision and adversary
-    first = {k: axis_values(grid, k)[0] for k in ("optimizer", "lr", "head", "shards")}
-    shape = parse_shape(grid.axes["shape"][0])
-    retractions = [r for r in grid.axes["retraction"]] if get_head(first["head"]).has_retraction else ["-"]
-    precisions, adversaries = grid.axes["precision"], grid.axes["adversary"]
-
-    def key(ret, prec, adv):
-        return (ret, prec, adv, first["optimizer"], first["lr"], first["head"], *shape, first["shards"])
-
-    names = []
-    shards = f", {first['shards']} shards" if len(axis_values(grid, "shards")) > 1 else ""
-    fixed_note = (f"{first['optimizer']} lr={first['lr']:g}, head {first['head']}, V x D = {shape[0]} x {shape[1]}"
-                  f"{shards}, {grid.steps} steps; median over seeds, band = min-max")
-    # 1. error growth across precisions: one panel per retraction (rows: adversaries)
-    pairs = list(itertools.product(adversaries, retractions))
-    fig, axs = _panels(plt, len(pairs), 3.6, 3.0, sharey=True)
-    # past a panel's room for a legend (the fp8 grid's 14 precisions), one legend of the precisions goes
-    # under the figure and each curve's growth exponent stays in summary.csv and the report
-    shared = len(precisions) > MAX_PANEL_LEGEND
-    handles = {}
-    for ax, (adv, ret) in zip(axs, pairs):
-        for prec in precisions:
-            k = key(ret, prec, adv)
-            if k not in data:
-                continue
-            steps, med, lo, hi = data[k]
-            row = by_key[k]
-            colour = precision_style(prec).colour
-            slope = row["growth_exponent"]
-            label = (f"{prec}: k^{slope:.2f}±{row['growth_exponent_err']:.2f}" if math.isfinite(slope) and not shared
-                     else prec)
-            (line,) = ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.3, label=label,
-                                marker=precision_style(prec).marker, markevery=max(1, len(steps) // 6), ms=4)
-            handles.setdefault(prec, line)
-            ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
-            ax.axhline(row["floor"], color=colour, ls="--", lw=0.8)
-        ax.set_title(f"{ret}" + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
-        # errors above 10 mean Z is no longer near the manifold: clipped, so that a diverging cell does not
-        # squash every other curve; the room below the float64 floor holds the legend
-        ax.set_ylim(1e-21, 1e2)
-        if not shared:
-            ax.legend(fontsize=7, loc="lower right", ncol=2, handlelength=1.2, columnspacing=0.8, framealpha=0.8)
-    legend_note = ("precisions below; growth exponents in summary.csv" if shared else
-                   "legend: the fitted growth k^slope ± its standard error (steps sqrt(N)..N)")
-    fig.suptitle("Orthonormality error across precisions; dashed: each precision's storage floor; " + legend_note
-                 + "\n" + fixed_note, fontsize=9)
-    if shared:
-        ncol = min(len(handles), 5)
-        rows_of_legend = -(-len(handles) // ncol)
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8,
-                   handlelength=1.5, frameon=False)
-        fig.tight_layout(rect=(0, 0.045 * rows_of_legend / max(1, len(axs) // 4 + 1), 1, 1))
-    else:
-        fig.tight_layout()
-    names += save_png_and_svg(plt, fig, out, "growth")
-
-    # 2. retractions per precision: one panel per precision (rows: adversaries)
-    pairs = list(itertools.product(adversaries, precisions))
-    fig, axs = _panels(plt, len(pairs), 3.4, 3.0, sharey=False)
-    for ax, (adv, prec) in zip(axs, pairs):
-        floor = None
-        for ret in retractions:
-            k = key(ret, prec, adv)
-            if k not in data:
-                continue
-            steps, med, lo, hi = data[k]
-            colour = retraction_style(ret).colour
-            ax.loglog(steps, np.maximum(med, 1e-17), color=colour, lw=1.2, label=ret)
-            ax.fill_between(steps, np.maximum(lo, 1e-17), np.maximum(hi, 1e-17), color=colour, alpha=0.2, lw=0)
-            floor = by_key[k]["floor"]
-        ax.set_ylim(top=min(ax.get_ylim()[1], 1e2))  # a diverging cell is clipped at 100, above any use
-        if floor is not None:
-            ax.axhline(floor, color="black", ls="--", lw=0.8)
-            ax.text(1, floor, " floor", va="bottom", fontsize=7)
-        ax.set_title(prec + (f" | {adv}" if len(adversaries) > 1 else ""), fontsize=9)
-    axs[0].legend(fontsize=7)
-    fig.suptitle("Retractions per precision\n" + fixed_note, fontsize=9)
-    fig.tight_layout()
-    names += save_png_and_svg(plt, fig, out, "retractions")
-
-    # 3. cost against accuracy: every pit row, colour = precision, marker = retraction
-    CLIP = 1e6  # a diverged cell is drawn at the top edge
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for r in rows:
-        if not (math.isfinite(r["ms_per_step"]) and math.isfinite(r["error_over_floor"])):
-            continue
-        colour = precision_style(r["precision"]).colour
-        marker = retraction_style(r["retraction"]).marker
-        unsafe = judge(r)[0]
-        ax.scatter(r["ms_per_step"], min(r["error_over_floor"], CLIP), color=colour, marker=marker, s=45,
-                   facecolors="none" if unsafe else colour, linewidths=1.2)
-    handles = [Line2D([], [], color=precision_style(p).colour, marker="o", ls="", label=p) for p in precisions]
-    handles += [Line2D([], [], color="black", marker=retraction_style(r).marker, ls="", label=r)
-                for r in retractions]
-    handles.append(Line2D([], [], color="black", marker="o", ls="", markerfacecolor="none",
-                          label="hollow: unsafe (grows, fails\nor Z broke down by itself)"))
-    ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.axhline(1, color="grey", ls="--", lw=0.8)
-    ax.set_xlabel("ms per optimizer step (retraction included)")
-    ax.set_ylabel(f"final ||Z^T Z - I||_F / storage floor (clipped at {CLIP:.0e})")
-    ax.set_title(f"Cost against accuracy (every row; {grid.steps} steps)", fontsize=9)
-    ax.grid(True, which="major", alpha=0.3)
-    fig.tight_layout()
-    names += save_png_and_svg(plt, fig, out, "cost")
-    return [n for n in names if n.endswith(".png")]
 
 
 def render(out: Path | str, grid: Grid, info: dict) -> None:
