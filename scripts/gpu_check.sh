@@ -39,19 +39,19 @@ tests() {
 }
 float8() {
   header "native float8 against the emulation"
-  timeout -k 10 ${LIMIT[float8]} $PY scripts/native_float8_check.py --out "$OUT/native_float8.json" | tail -30
+  timeout -k 10 ${LIMIT[float8]} $PY scripts/studies/native_float8_check.py --out "$OUT/native_float8.json" | tail -30
 }
 runs() {
   header "runs on CUDA (8192 x 128, 200 steps, qr, Adam)"
-  timeout -k 10 ${LIMIT[runs]} $PY scripts/gpu_runs.py --steps 200 --out "$OUT/runs.json"
+  timeout -k 10 ${LIMIT[runs]} $PY scripts/studies/gpu_runs.py --steps 200 --out "$OUT/runs.json"
 }
 bench() {
   header "retractions and steps in GEMM units"
-  timeout -k 10 ${LIMIT[bench]} $PY scripts/gpu_bench.py --out "$OUT/bench.json"
+  timeout -k 10 ${LIMIT[bench]} $PY scripts/studies/gpu_bench.py --out "$OUT/bench.json"
 }
 step() {
   header "a run step at 8192 x 128 fp32 qr Adam: the shadow on the GPU, on the CPU, none"
-  timeout -k 10 ${LIMIT[step]} $PY scripts/gpu_step_profile.py --out "$OUT/step_profile.json" 2>&1 | head -60
+  timeout -k 10 ${LIMIT[step]} $PY scripts/measurements/gpu_step_profile.py --out "$OUT/step_profile.json" 2>&1 | head -60
 }
 validate() {
   for dtype in float32 bfloat16; do
@@ -90,7 +90,7 @@ f8tests() {
 }
 zoo() {
   header "validate tests/zoo --device cuda, float32 and bfloat16 ($ZOO_JOBS at once, ${ZOO_TIMEOUT} s a target)"
-  timeout -k 10 ${LIMIT[zoo]} $PY scripts/validate_zoo.py --device cuda --dtypes float32,bfloat16 --jobs "$ZOO_JOBS" \
+  timeout -k 10 ${LIMIT[zoo]} $PY scripts/studies/validate_zoo.py --device cuda --dtypes float32,bfloat16 --jobs "$ZOO_JOBS" \
       --timeout "$ZOO_TIMEOUT" --out "$OUT/zoo" 2>&1 | tail -80
   echo "rc ${PIPESTATUS[0]} (0: every outcome as expected; 1: see UNEXPECTED; 124: the section's limit)"
   # the summary as far as it got: zoo.md is rewritten after every target
@@ -113,7 +113,7 @@ if [ -n "${DRY:-}" ]; then
   for name in "${SECTIONS[@]}"; do echo "$name ${LIMIT[$name]} s"; done
   echo "total $TOTAL s of $CALL_LIMIT s"
   declare -F "${SECTIONS[@]}" > /dev/null || { echo "a section has no function" >&2; exit 2; }
-  $PY scripts/validate_zoo.py --help > /dev/null || exit 2
+  $PY scripts/studies/validate_zoo.py --help > /dev/null || exit 2
   exit 0
 fi
 

@@ -1,4 +1,4 @@
-"""scripts/frontier_landing.py measures what it says: landing's distance after each update against
+"""scripts/studies/frontier_landing.py measures what it says: landing's distance after each update against
 tau^2 / (2 lambda eta), with the registry left as it was; a map that does not pull back fails the bound."""
 import importlib.util
 from pathlib import Path
@@ -10,8 +10,8 @@ from pitcheck.model import retractions as R
 from pitcheck.trajectory.config import RunConfig
 
 pytest.importorskip("torch")
-_spec = importlib.util.spec_from_file_location("frontier_landing",
-                                               Path(__file__).parents[1] / "scripts" / "frontier_landing.py")
+_spec = importlib.util.spec_from_file_location(
+    "frontier_landing", Path(__file__).parents[1] / "scripts" / "studies" / "frontier_landing.py")
 frontier_landing = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(frontier_landing)
 

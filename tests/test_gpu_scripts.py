@@ -1,5 +1,5 @@
-"""The GPU scripts (scripts/gpu_bench.py, scripts/gpu_runs.py) run on the CPU too: they must not rot between
-the sessions that are lent a GPU, whose minutes are too few to debug a script in."""
+"""The GPU scripts (scripts/studies/gpu_bench.py, scripts/studies/gpu_runs.py) run on the CPU too: they must
+not rot between the sessions that are lent a GPU, whose minutes are too few to debug a script in."""
 import json
 import subprocess
 import sys
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _script(name, *args, tmp_path):
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args, "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "studies" / name), *args, "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())

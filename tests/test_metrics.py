@@ -3,7 +3,7 @@ every metric pinned on cases whose value is known in closed form.
 
 Each pin has (a) an exact case that fixes the metric's normalisation (which norm, u and not eps = 2u,
 which size scales it) and (b) a case showing it sees the defect it exists to see. Written to kill
-mutants: tolerances are far below any change of a constant, norm or operator (see scripts/mutation/).
+mutants: tolerances are far below any change of a constant, norm or operator (see scripts/dev/mutation/).
 """
 import math
 import tracemalloc

@@ -1,9 +1,9 @@
 """Mutation testing kept in CI, on temporary copies of the working tree, never the checkout.
 
 Default suite (about a minute together on 2 cores):
-- the one-line bugs the issue lists (scripts/mutation/planted.py), each against the test that kills it;
+- the one-line bugs the issue lists (scripts/dev/mutation/planted.py), each against the test that kills it;
 - a fixed sample of cosmic-ray's mutants, one per module, under a time budget: a survivor not listed in
-  scripts/mutation/live.json turns this red, so a new metric without a real test shows up here.
+  scripts/dev/mutation/live.json turns this red, so a new metric without a real test shows up here.
 With --runslow: the full run, at least 90% of the non-equivalent mutants killed in every module.
 """
 import json
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-RUN = REPO / "scripts" / "mutation" / "run.py"
+RUN = REPO / "scripts" / "dev" / "mutation" / "run.py"
 
 
 def _run(tmp_path, *args, timeout):
@@ -50,7 +50,7 @@ def test_a_fixed_sample_of_mutants_is_killed(tmp_path):
     assert not res["errors"], res["errors"]
     survivors = {m: s["survivors"] for m, s in res["summary"].items() if s["survivors"]}
     assert not survivors, (
-        "mutants survived every test (kill them with a test, or list them in scripts/mutation/live.json "
+        "mutants survived every test (kill them with a test, or list them in scripts/dev/mutation/live.json "
         "with the reason they are equivalent):\n" + json.dumps(survivors, indent=1))
     # on a loaded machine the budget may run out before the last (largest) modules: cosmic-ray's session
     # set-up costs seconds per module. Those are reported as 'not run'; the slow test runs them all.

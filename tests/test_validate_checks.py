@@ -5,7 +5,7 @@ Two kinds of case: whole checks on generic PIT pairs as a target in float32 or b
 (V = 256), which must fail a pair built to be wrong and pass one built to be right; and each check at its
 documented boundary (TAU, RESOLVABLE, u = 2^-p and not eps, the scale check's fmax / 64 and tiny / u, the
 ladder's rungs; V = 64), where the verdict, the measured ratio or the value in the reason is asserted with
-tolerances far below any change of a constant, norm or operator (see scripts/mutation/).
+tolerances far below any change of a constant, norm or operator (see scripts/dev/mutation/).
 """
 import dataclasses
 import json

@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh's zoo section (tests/zoo through `pitcheck validate --device cuda`) cannot run here:
-its script is checked for syntax and through its dry path, and scripts/validate_zoo.py, which the section
+its script is checked for syntax and through its dry path, and scripts/studies/validate_zoo.py, which the section
 runs, is run on the CPU with the options the section gives it."""
 import os
 import subprocess
@@ -30,7 +30,7 @@ def test_gpu_check_has_a_zoo_section_within_the_call_limit(tmp_path):
 
 def test_validate_zoo_runs_targets_at_once_on_a_device_and_keeps_a_summary(tmp_path):
     out = tmp_path / "zoo"
-    proc = subprocess.run([sys.executable, "scripts/validate_zoo.py", "--device", "cpu", "--dtypes", "float32",
+    proc = subprocess.run([sys.executable, "scripts/studies/validate_zoo.py", "--device", "cpu", "--dtypes", "float32",
                            "--jobs", "2", "--timeout", "8", "--vocab", "64", "--dim", "4", "--steps", "5",
                            "--only", "correct_cayley,broken_negative_ids,hang", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -56,7 +56,7 @@ def pin_threads(threads: int = 1) -> list[str]:
 
 
 # The thread policy of every verb (`--threads N` overrides it). One thread per process by default: measured
-# on 2 cores (scripts/thread_ratio.py: a whole run step, model + float64 shadow + gradients, 1 vs 2 threads
+# on 2 cores (scripts/measurements/thread_ratio.py: a whole run step, model + float64 shadow + gradients, 1 vs 2 threads
 # interleaved in one run) two threads took 1.2x (128 x 8) to 1.8x (2048 x 64) the time of one, where a step
 # is a chain of small dependent BLAS/LAPACK calls that a second thread only synchronises, and gained
 # nothing at 65536 x 32 and 8% at 8192 x 128; one thread also cannot oversubscribe a busy machine. A

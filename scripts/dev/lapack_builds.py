@@ -3,7 +3,7 @@ the factorisations batched cells rely on: numpy's stacked np.linalg.qr (numpy's 
 scipy's geqrf/orgqr per matrix (arrays.householder_qr, scipy's bundled OpenBLAS), at the grid's shape and
 at the tests'. A difference here is why a stacked numpy QR must call the engine's own LAPACK.
 
-    .venv/bin/python scripts/lapack_builds.py
+    .venv/bin/python scripts/dev/lapack_builds.py
 """
 import numpy as np
 import scipy

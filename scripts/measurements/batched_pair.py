@@ -2,7 +2,7 @@
 default grid's cells of one class), run alone one after another and then as one batch, in one process, one
 thread: process CPU time of each, twice, and the steps the stack took of each cell (results/bench/BATCHED.md).
 
-    .venv/bin/python scripts/batched_pair.py fp16 qr 2000
+    .venv/bin/python scripts/measurements/batched_pair.py fp16 qr 2000
 """
 import sys
 import tempfile

@@ -1,6 +1,6 @@
 """Where a GPU stops paying for a cell: one process per device, then many processes on one GPU.
 
-    python scripts/device_crossover.py [--shapes 128x8,512x16,2048x64,8192x128] [--steps 300] [--out FILE.json]
+    python scripts/measurements/device_crossover.py [--shapes 128x8,512x16,2048x64,8192x128] [--steps 300] [--out FILE.json]
 
 For each shape (torch fp32 qr, Gaussian gradients, SGD lr 0.01, seed 0):
   model_ms   the model's step alone (sweep.cells.time_steps: what compare's ms/step column reports), on the
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def config_of(shape: str, device: str, steps: int):

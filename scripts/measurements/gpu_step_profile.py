@@ -1,6 +1,6 @@
 """Where a run step's time goes on a CUDA device: the shadow on the GPU, the shadow on the CPU, no shadow.
 
-    python scripts/gpu_step_profile.py [--vocab 8192 --dim 128 --steps 100] [--out results/gpu/step_profile.json]
+    python scripts/measurements/gpu_step_profile.py [--vocab 8192 --dim 128 --steps 100] [--out results/gpu/step_profile.json]
 
 Three runs of one config (torch fp32 qr Adam, the model on cuda), timed whole in one process:
   gpu-shadow  the default placement: the float64 shadow in torch float64 on the model's GPU;
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pitcheck.model.gradients import AdversaryParams, gradient  # noqa: E402
 from pitcheck.trajectory import RunConfig, run  # noqa: E402
 from pitcheck.trajectory import step as step_module  # noqa: E402

@@ -1,7 +1,7 @@
 """Per-call cost of pitcheck's gradient stream against its pre-change code (tests/test_gradient_stream_exact.py
 keeps it, and holds the two bit-identical): process CPU time per gradient(...) call, one thread (runs pin one),
 old and new interleaved in rounds of one process so that the ratio holds under load, minimum over rounds.
-Usage: PYTHONPATH=. python scripts/gradient_stream_timing.py [ROUNDS]"""
+Usage: PYTHONPATH=. python scripts/measurements/gradient_stream_timing.py [ROUNDS]"""
 import sys
 import time
 

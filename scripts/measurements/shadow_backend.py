@@ -2,7 +2,7 @@
 float64, beside the fp32 model and the gradient stream, interleaved rounds in one process (minimum taken);
 and the distance the two shadows reach after the same steps. With numpy's gradient stream against torch's.
 The measurement behind keeping the shadow on numpy (pitcheck/trajectory/step.py).
-Usage: PYTHONPATH=. python scripts/shadow_backend.py   (on a quiet machine)."""
+Usage: PYTHONPATH=. python scripts/measurements/shadow_backend.py   (on a quiet machine)."""
 import time
 
 import numpy as np
@@ -18,8 +18,8 @@ pin_threads(1)
 for V, D in [(128, 8), (1024, 32), (2048, 64), (8192, 128), (65536, 32)]:
     cfg = RunConfig(backend="torch", precision="fp32", retraction="qr", vocab=V, dim=D, device="cpu", steps=10**6)
     pair = Lockstep(cfg)
-    torch_shadow = make_engine(cfg, "torch", get_policy("fp64"), "cpu")
-    torch_shadow.initialise(*initial_state(cfg))
+    torch_shadow = make_engine(cfg.resolve(), "torch", get_policy("fp64"), "cpu")
+    torch_shadow.initialise(*initial_state(cfg.resolve()))
     names = parse_adversary(cfg.adversary)
     n = max(3, min(300, int(3e7 / (V * D * D))))
     grads = [pair.gradients(names, s, None)[0] for s in range(n)]

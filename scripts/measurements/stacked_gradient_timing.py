@@ -5,7 +5,7 @@ process, one thread, old and new interleaved (ratios hold under load; absolute t
 2. run_batch of 8 fp32 qr cells (4 seeds x both adversaries) of STEPS steps: process CPU time with
    StackedRuns.gradients patched back to the per-cell loop, and as it is; median over rounds.
 
-    PYTHONPATH=. python scripts/stacked_gradient_timing.py [ROUNDS] [STEPS]
+    PYTHONPATH=. python scripts/measurements/stacked_gradient_timing.py [ROUNDS] [STEPS]
 """
 import sys
 import tempfile

@@ -1,6 +1,6 @@
 """A whole run step (fp32 qr, torch CPU, with its float64 shadow) under the old threading of `pitcheck run`
 (torch at 1 thread, numpy's OpenBLAS left at its default of every core) against the thread policy (all at 1),
-interleaved rounds in one process, wall time. Usage: PYTHONPATH=. python scripts/thread_oversubscription.py 2048x64 6
+interleaved rounds in one process, wall time. Usage: PYTHONPATH=. python scripts/measurements/thread_oversubscription.py 2048x64 6
 (run it quiet, then beside two busy processes, e.g. two `python -c "while 1: pass"`)."""
 import sys, time
 from threadpoolctl import threadpool_limits

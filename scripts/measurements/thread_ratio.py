@@ -1,6 +1,6 @@
 """Wall time of a whole run step (model + float64 shadow + gradients, fp32 qr, torch CPU) with 1 vs 2 threads,
 in interleaved rounds of one process, minimum taken: the measurement behind pitcheck.infra.threads.DEFAULT_THREADS.
-Usage: PYTHONPATH=. python scripts/thread_ratio.py [ROUNDS]  (on a quiet machine)."""
+Usage: PYTHONPATH=. python scripts/measurements/thread_ratio.py [ROUNDS]  (on a quiet machine)."""
 import sys, time
 import numpy as np
 from pitcheck.infra.threads import limited_threads

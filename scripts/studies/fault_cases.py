@@ -4,7 +4,7 @@ Each case is run for real: the CLI in a subprocess (120 s timeout), the metrics 
 BAD when it shows a traceback, hangs, prints more than one stderr line for an error, exits 0 where an
 error was expected, or misses what the case is about (wrong message, lost bytes, unexplained NaN).
 
-    .venv/bin/python scripts/fault_cases.py
+    .venv/bin/python scripts/studies/fault_cases.py
 
 Writes results/faults/cases.md and cases.json; exits 1 if any case is BAD.
 """
@@ -28,7 +28,7 @@ from pitcheck.numerics import metrics, reference
 from pitcheck.trajectory.events import EventKind
 from pitcheck.infra.rundir import METRIC_COLUMNS, npz_bytes, read_events, read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.helpers import damage_run_file  # noqa: E402  (the damage the tests do)
 RESULTS = ROOT / "results" / "faults"
@@ -698,7 +698,7 @@ def write_tables(rows: list[Row], seconds: float) -> None:
     lines = [
         "# Fault cases, reproduced",
         "",
-        f"Written by `scripts/fault_cases.py` ({summary}; wall {seconds:.0f} s). Every outcome below was observed "
+        f"Written by `scripts/studies/fault_cases.py` ({summary}; wall {seconds:.0f} s). Every outcome below was observed "
         "by running the case: the CLI in a subprocess with a 120 s timeout, the metrics API in-process.",
         "",
         f"`$TINY` = `{' '.join(TINY)}`; `$FP16` = `{' '.join(FP16_TORCH)}`. RUN is a copy of a finished "

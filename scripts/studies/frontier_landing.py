@@ -7,7 +7,7 @@ grid's landing cells (same configuration, seed 0, no float64 shadow: it does not
 with the registered map wrapped to record, at every step, ||xi||_F^2 and the distance it leaves, both
 in float64 from the working-precision tensors. It writes results/frontier/landing.md and landing.csv.
 
-    PYTHONPATH=$PWD python scripts/frontier_landing.py [--steps N] [--out results/frontier]
+    PYTHONPATH=$PWD python scripts/studies/frontier_landing.py [--steps N] [--out results/frontier]
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     lines = [
         "# landing: distance from the manifold against its bound",
         "",
-        f"`PYTHONPATH=$PWD python scripts/frontier_landing.py --steps {steps}`: the frontier grid's landing cells "
+        f"`PYTHONPATH=$PWD python scripts/studies/frontier_landing.py --steps {steps}`: the frontier grid's landing cells "
         f"(sgd, lr {grid.axes['lr'][0]}, seed 0, no shadow), lambda eta = {mu:g}. bound = tau^2 / (2 lambda eta), "
         "tau^2 = max ||xi||_F^2 over the run (leading order: terms O(||E||^2 + ||E|| ||xi||) and the storage "
         "format's rounding of Z are not in it); distance = ||Z^T Z - I||_F after each update, in float64, of "

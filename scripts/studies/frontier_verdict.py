@@ -7,7 +7,7 @@ error), the failed retractions, and the bench's cost in GEMM units (Z^T Z of the
 benchmarked shape. Safe: no failed step and every growth exponent below 0.25 (compare's rule); an
 approximate map is listed with its error, which no growth figure makes safe.
 
-    PYTHONPATH=$PWD python scripts/frontier_verdict.py [--dir results/frontier]
+    PYTHONPATH=$PWD python scripts/studies/frontier_verdict.py [--dir results/frontier]
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     head = ["method", "precision", "worst x floor", "worst final ‖ZᵀZ-I‖", "max growth exp.", "failed retr.",
             *[f"GEMM units {V}x{D}" for V, D in shapes], "verdict"]
     out = ["# frontier: the new methods against qr and cholqr2", "",
-           "`PYTHONPATH=$PWD python scripts/frontier_verdict.py` from summary.csv (compare, "
+           "`PYTHONPATH=$PWD python scripts/studies/frontier_verdict.py` from summary.csv (compare, "
            "pitcheck/grids/frontier.toml) and bench/bench.json (`pitcheck bench`, fp32, one thread, process CPU "
            "time on a shared 2-core machine). Worst over adversaries (gaussian, dense_output+sparse_input) and "
            f"shapes (V/D = 16, 256). Safe: no failed retraction and growth exponent below {GROWTH_LIMIT} in every row "

@@ -1,6 +1,6 @@
 """Retractions, engine steps and whole run steps on a CUDA device, in GEMM units measured in the same run.
 
-    python scripts/gpu_bench.py [--shapes 8192x128,65536x32,49152x576] [--out results/gpu/bench.json]
+    python scripts/studies/gpu_bench.py [--shapes 8192x128,65536x32,49152x576] [--out results/gpu/bench.json]
 
 `pitcheck bench` times with CPU time, which says nothing about asynchronous device work; this script times
 with CUDA events (median of repeats after a warm-up) and divides by the GEMM floor of the same shape and
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pitcheck.numerics.arrays import TorchOps  # noqa: E402
 from pitcheck.model.retractions import APPROXIMATE, RETRACTIONS  # noqa: E402
 from pitcheck.verbs.bench.runcost import RunTimer, amortised_ms  # noqa: E402
@@ -99,8 +99,9 @@ def engine_step_rows(V, D, device, precisions, retractions, repeats):
         for retraction in retractions:
             config = RunConfig(backend="torch", precision=precision, retraction=retraction, vocab=V, dim=D,
                                device=device.type, shadow=False)
-            engine = make_engine(config, "torch", get_policy(precision), device.type)
-            engine.initialise(*initial_state(config))
+            plan = config.resolve()
+            engine = make_engine(plan, "torch", get_policy(precision), device.type)
+            engine.initialise(*initial_state(plan))
             names, params, counter = parse_adversary(config.adversary), AdversaryParams(), [0]
 
             def one_step():

@@ -1,6 +1,6 @@
 """`pitcheck run` on a CUDA device in each precision, beside the same run on the CPU: where the interface ends.
 
-    python scripts/gpu_runs.py [--vocab 8192 --dim 128 --steps 1000] [--cpu-steps 200] [--out results/gpu/runs.json]
+    python scripts/studies/gpu_runs.py [--vocab 8192 --dim 128 --steps 1000] [--cpu-steps 200] [--out results/gpu/runs.json]
 
 Each run is the Python API's `run` (what `pitcheck run` calls) with the torch backend and its float64
 shadow on the same gradient stream. For every precision it writes the device the manifest names, what was
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pitcheck.infra.errors import PitcheckError  # noqa: E402
 from pitcheck.numerics.policy import get_policy  # noqa: E402
 from pitcheck.trajectory import RunConfig, run  # noqa: E402

@@ -1,6 +1,6 @@
 """Native float8 against the emulation on this machine's device (CUDA when present, else CPU).
 
-    python scripts/native_float8_check.py [--device cuda] [--out results/gpu/native_float8.json]
+    python scripts/studies/native_float8_check.py [--device cuda] [--out results/gpu/native_float8.json]
 
 Counts, for each element format, the float32 probe inputs (every value, midpoint and its neighbours,
 overflow, infinities, NaN, random values) whose native cast differs from pitcheck.numerics.formats.round_to; for
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pitcheck.numerics.formats import FORMATS, round_to  # noqa: E402
 from pitcheck.numerics.native_float8 import cast, gemm_error_bound, quantise, scaled_mm  # noqa: E402
 from pitcheck.numerics.scaling import fake_quant  # noqa: E402

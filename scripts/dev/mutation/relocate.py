@@ -2,7 +2,7 @@
 stateful_plants.py) after code moves between files: each key or plant names its line text, and is given the
 one file among the candidates that holds that text. Prints what it could not place.
 
-    .venv/bin/python scripts/mutation/relocate.py OLD_PATH NEW_PATH [NEW_PATH ...]
+    .venv/bin/python scripts/dev/mutation/relocate.py OLD_PATH NEW_PATH [NEW_PATH ...]
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parents[2]
 PLANT_FILES = ("planted.py", "batched_plants.py", "stateful_plants.py")
 
 

@@ -7,9 +7,9 @@ and runs cosmic-ray there. Each mutant's test command goes to a fork server (for
 has numpy, scipy, torch and pytest imported already, so a mutant costs its tests, not a second of
 imports. Modules are split across --jobs copies, each with its own server, run in parallel.
 
-    .venv/bin/python scripts/mutation/run.py                      # all modules, full run
-    .venv/bin/python scripts/mutation/run.py --modules numerics/metrics,numerics/policy
-    .venv/bin/python scripts/mutation/run.py --sample 6 --budget 50   # the CI subset
+    .venv/bin/python scripts/dev/mutation/run.py                      # all modules, full run
+    .venv/bin/python scripts/dev/mutation/run.py --modules numerics/metrics,numerics/policy
+    .venv/bin/python scripts/dev/mutation/run.py --sample 6 --budget 50   # the CI subset
 
 Scoring: a mutant is killed when its tests fail (a timeout counts as killed). Mutants listed in
 live.json (equivalent mutants, with the reason each changes nothing observable) are left out of the
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parents[2]
 
 # Hypothesis with a fixed seed (its plugin loaded by hand: autoload is off), so a verdict does not
 # depend on which examples a search happened to draw
