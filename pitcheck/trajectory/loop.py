@@ -121,7 +121,8 @@ class Trajectory:
     def _event(self, step: int, event: dict) -> None:
         self.events.append({"step": step, **event})
 
-    def _measure_row(self) -> None:
+    def measure(self) -> None:
+        """Measure the current state into its metrics row, committing nothing (a record's first half)."""
         row = self.pair.measure(self.step)
         self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
         for event in row_events(row, self.crossed, metrics=METRIC_COLUMNS[1:], not_applicable=self.not_applicable,
@@ -129,7 +130,7 @@ class Trajectory:
             self._event(self.step, event)
 
     def _record(self) -> None:
-        self._measure_row()
+        self.measure()
         self._commit(later=True)
 
     # ---- for a batch of runs stepped together (trajectory/batched.py) ---------------------------
@@ -140,10 +141,6 @@ class Trajectory:
     def checkpoint(self) -> None:
         """Commit the current state (rows unchanged): what the loop does when interrupted."""
         self._commit()
-
-    def measure(self) -> None:
-        """Measure the current state into its metrics row, committing nothing (a record's first half)."""
-        self._measure_row()
 
     def close(self) -> None:
         """Release the directory's lock and the model, as run() does when it returns."""
@@ -186,7 +183,7 @@ class Trajectory:
     def _end_in_breakdown(self, reason: str, part: str | None = None) -> RunBreakdown:
         """Commit the last good state, its row and the breakdown event together."""
         if not self.rows or self.rows[-1]["step"] != self.step:
-            self._measure_row()
+            self.measure()
         self._event(self.step + 1, breakdown(reason, part))
         self._commit()
         return self._breakdown_error(self.events[-1])
