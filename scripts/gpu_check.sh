@@ -9,7 +9,10 @@
 # (tests/test_native_float8.py, a line per failure), batched (the batched-cell tests, which ran into the GPU
 # before `auto` kept small cells on the CPU), zoo (every module of tests/zoo through `pitcheck validate --device
 # cuda` in float32 and bfloat16: correct_* must pass, broken_* fail their check; $OUT/zoo/zoo.md, whose
-# timeouts name their slowest phases). Each section has its own time limit (LIMIT below), so one that hangs
+# timeouts name their slowest phases), runloop (the run loop's costs and accuracy on CUDA: `pitcheck bench --device cuda`
+# with a run step, a metrics row and a commit timed apart at 8192 x 128, 32768 x 512 and 49152 x 576; each exact map's
+# distance from the manifold on CUDA against the CPU; the counter-based normals and the float64 factorisations on
+# CUDA). Each section has its own time limit (LIMIT below), so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
 # treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
 # own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
@@ -24,7 +27,7 @@ header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
 # each section's time limit in seconds (validate: two runs of half each); a lent machine's call is cut at
 # CALL_LIMIT, so the sections named in one call should sum below it
 declare -A LIMIT=([tests]=120 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
-                  [f8tests]=45 [batched]=170 [zoo]=300)
+                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=290)
 CALL_LIMIT=${CALL_LIMIT:-600}
 # zoo: validations at once (each its own process and CUDA context) and each one's own limit
 ZOO_JOBS=${ZOO_JOBS:-8}
@@ -96,13 +99,22 @@ zoo() {
   # the summary as far as it got: zoo.md is rewritten after every target
   grep -h '^Unexpected outcomes' "$OUT/zoo/zoo.md" 2>/dev/null || echo "no $OUT/zoo/zoo.md"
 }
+runloop() {
+  header "the run loop on CUDA: bench --device cuda (step, metrics row, commit apart); accuracy against the CPU; normals"
+  timeout -k 10 170 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
+      --no-peers --retractions qr,cholqr2,polar --rounds 2 --json "$OUT/bench_cuda.json" 2>&1 | tail -45
+  timeout -k 10 50 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
+  timeout -k 10 40 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/test_counter_normal.py \
+      tests/test_factors_float64.py 2>&1 | tail -10
+  timeout -k 10 30 $PY scripts/measurements/counter_normal_timing.py 2 2>&1 | tail -10
+}
 
 SECTIONS=("$@")
 [ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(tests float8 runs bench step validate nccl compare f8tests batched zoo)
 TOTAL=0
 for name in "${SECTIONS[@]}"; do
   case $name in
-    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
+    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo|runloop) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
     *) echo "unknown section $name" >&2; exit 2 ;;
   esac
 done
