@@ -193,7 +193,7 @@ class Trajectory:
         try:
             # torch and every BLAS at the thread policy's count (one unless --threads or threads= chose
             # more): their pools spin against each other on shared cores, and one thread was measured
-            # fastest for a run step (scripts/thread_ratio.py)
+            # fastest for a run step (scripts/measurements/thread_ratio.py)
             with thread_policy(self.threads):
                 return self._run()
         finally:

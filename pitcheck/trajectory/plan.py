@@ -18,7 +18,7 @@ from ..numerics.policy import Policy, get_policy
 from ..sources.stateful import StatefulSource, stateful_source
 
 # 'auto' puts a run on CUDA only from this many entries of Z (V x D) up: below it a GPU step is kernel launches
-# and synchronisations. Measured on an H100 machine (scripts/device_crossover.py, results/gpu/h100/crossover.json;
+# and synchronisations. Measured on an H100 machine (scripts/measurements/device_crossover.py, results/gpu/h100/crossover.json;
 # torch fp32 qr, the CPU at one thread as compare's pool pins it), ms a whole run step CPU / CUDA: 128 x 8
 # 1.97 / 6.89, 512 x 16 2.60 / 5.71, 2048 x 64 19.2 / 14.4, 8192 x 128 262 / 72.3: the ratio crosses 1 near 2^16.
 GPU_MIN_ELEMENTS = 2 ** 16

@@ -30,7 +30,7 @@ def shadow_engine_placement(plan: Plan) -> tuple[str, str]:
     float64 step on one CPU thread beside every GPU step (at 8192 x 128 fp32 qr Adam on an H200, 220 ms a
     run step against the model's 28 ms: host work, the shadow and the numpy gradient stream; how it splits
     between them was not measured). On the CPU, numpy float64 on the
-    CPU, as every committed CPU result was produced (scripts/shadow_backend.py measured the choice there).
+    CPU, as every committed CPU result was produced (scripts/measurements/shadow_backend.py measured the choice there).
     Either way the shadow steps on the model's numpy float64 gradients; only its arithmetic's device moves.
     Tests monkeypatch this function to run a torch float64 shadow on the CPU.
     """
