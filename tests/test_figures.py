@@ -201,6 +201,23 @@ def test_growth_figure_draws_pinv_drift_under_each_orthonormality_panel(fp8_swee
     assert fig.get_figwidth() <= 7.0
 
 
+def test_retractions_figure_draws_each_precisions_pinv_drift_too(fp8_sweep):
+    from pitcheck.infra.plotting import pyplot
+    from pitcheck.verbs.compare.figures import DRIFT, ORTHO, SweepFigures, retraction_style
+
+    out, grid, info = fp8_sweep
+    fig = SweepFigures(out, grid, info["rows"]).retractions(pyplot())
+    (fp32_top, fp8_top), (fp32_drift, fp8_drift) = fig.axes[0:2], fig.axes[2:4]  # precisions across, Z over W E
+    assert [fp32_top.get_title(), fp8_top.get_title()] == ["fp32", "fp8-logits"]
+    assert (fp32_top.get_ylabel(), fp32_drift.get_ylabel()) == (ORTHO, DRIFT)
+
+    def last(ax):
+        (line,) = [ln for ln in ax.get_lines() if ln.get_color() == retraction_style("qr").colour]
+        return line.get_ydata()[-1]
+
+    assert last(fp8_drift) > 100 * last(fp32_drift) and last(fp8_top) < 10 * last(fp32_top)
+
+
 def test_every_sweep_figure_keeps_its_legend_off_the_data(fp8_sweep):
     from pitcheck.infra.plotting import pyplot
     from pitcheck.verbs.compare.figures import FIGURES, SweepFigures
@@ -212,3 +229,12 @@ def test_every_sweep_figure_keeps_its_legend_off_the_data(fp8_sweep):
         assert _overlaps(fig) == [], stem
         assert min(_text_sizes(fig, "legend") + _text_sizes(fig, "ticks")) >= 7, stem
     assert {f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "svg")} <= {p.name for p in out.iterdir()}
+
+
+def test_a_wrapped_title_never_breaks_a_formula():
+    from pitcheck.verbs.compare.figures import DRIFT, ORTHO, wrap
+
+    text = f"Per retraction: {ORTHO} (upper panel; dashed: each floor) and {DRIFT}, the pinv drift (lower) " * 3
+    lines = wrap(text, 3.3).split("\n")
+    assert len(lines) > 3 and all(line.count("$") % 2 == 0 for line in lines)
+    assert " ".join(lines).split() == text.split()

@@ -4,6 +4,7 @@ only: what to draw is the verbs' business."""
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -73,16 +74,21 @@ def draw_metric(ax, rows: list[dict], metric: str, label: str, **style) -> None:
 
 
 def plain_ticks_within_a_decade(ax) -> None:
-    """A log axis that spans less than a decade gets a few plain numbers (0.084, not 8.4 x 10^-2) on its
-    ticks instead of a label on every minor tick."""
-    from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
+    """A log axis with fewer than two powers of ten in its range gets a few plain numbers on its ticks (0.084,
+    or 0.1 0.2 0.5; not 8.4 x 10^-2 on every minor tick): within one decade about four evenly spaced, else at
+    1, 2 and 5 times a power of ten. An axis with two or more keeps its powers of ten."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 
     for axis, scale, (low, high) in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()),
                                      (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
-        if scale == "log" and 0 < low < high < 10 * low:
-            axis.set_major_locator(MaxNLocator(4))
-            axis.set_major_formatter(FormatStrFormatter("%g"))
-            axis.set_minor_formatter(NullFormatter())
+        if scale != "log" or not 0 < low < high:
+            continue
+        powers = math.floor(math.log10(high)) - math.ceil(math.log10(low)) + 1
+        if powers >= 2:
+            continue
+        axis.set_major_locator(MaxNLocator(4) if high < 10 * low else LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(NullFormatter())
 
 
 # plot --out's format follows its suffix; a path without one (/dev/null, /dev/stdout) gets a PNG

@@ -1,10 +1,11 @@
 """A sweep's figures, drawn at a paper's page width in the style of pitcheck.infra.plotting: growth (per
 retraction, ||Z^T Z - I||_F over steps above ||W E - I||_F over steps, a curve per precision), retractions
-(per precision, a curve per retraction) and cost (ms per step against accuracy)."""
+(the same per precision, a curve per retraction) and cost (ms per step against accuracy)."""
 from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,31 +52,43 @@ def curves(out: Path, all_cells: list[Cell]) -> dict:
     return result
 
 
-def figure_width(ncols: int) -> float:
-    """A column's width for one panel, up to the page's for PANEL_COLUMNS."""
-    return min(PAGE_WIDTH, max(COLUMN_WIDTH, 1.0 + 1.55 * ncols))
+def figure_width(panels: int) -> float:
+    """A column's width for one panel, 5 in for two, the page's for three or more."""
+    return COLUMN_WIDTH if panels == 1 else 5.0 if panels == 2 else PAGE_WIDTH
 
 
 def legend_columns(names: list[str], width: float) -> int:
     """As many legend columns as fit `width` inches with the longest name."""
     longest = max((len(n) for n in names), default=1)
-    return max(1, min(len(names), int(width * 72 / (0.6 * SMALL_PT * longest + 3 * SMALL_PT))))
+    return max(1, min(len(names), int(width * 72 / (0.55 * SMALL_PT * longest + 2.5 * SMALL_PT))))
 
 
 def wrap(text: str, width: float, pt: float = TITLE_PT) -> str:
-    """text in lines that fit `width` inches at `pt` points, broken between words; '\n' in text kept."""
-    chars = int(width * 72 / (0.5 * pt))
+    """text in lines that fit `width` inches at `pt` points, broken between words, never inside a $...$
+    formula (mathtext cannot span lines); '\n' in text kept."""
+    chars = int(width * 72 / (0.55 * pt))
     lines = []
     for paragraph in text.split("\n"):
-        line = ""
+        words: list[str] = []
         for word in paragraph.split(" "):
-            if line and len(line) + 1 + len(word) > chars:
-                lines.append(line)
-                line = word
+            if words and words[-1].count("$") % 2:  # inside a formula: the word joins it
+                words[-1] += " " + word
             else:
-                line = f"{line} {word}" if line else word
+                words.append(word)
+        line, shown = "", 0
+        for word in words:
+            if line and shown + 1 + shown_length(word) > chars:
+                lines.append(line)
+                line, shown = word, shown_length(word)
+            else:
+                line, shown = (f"{line} {word}", shown + 1 + shown_length(word)) if line else (word, shown_length(word))
         lines.append(line)
     return "\n".join(lines)
+
+
+def shown_length(word: str) -> int:
+    """About how many characters `word` shows: a mathtext command (\\Vert) one, braces, ^, _ and $ none."""
+    return len(re.sub(r"\\[A-Za-z]+", "x", re.sub(r"[{}^_$]", "", word))) if "$" in word else len(word)
 
 
 def clip_y(ax) -> None:
@@ -91,13 +104,14 @@ def draw_band(ax, steps, band, colour, marker, label) -> object:
     return line
 
 
-def growth_axes(plt, n: int, width: float):
+def pair_axes(plt, n: int, width: float, shared: bool):
     """For each of n panels, a pair of log-log axes: ||Z^T Z - I||_F above ||W E - I||_F, sharing the step
-    axis; every upper axis shares one y axis, and every lower one another. PANEL_COLUMNS pairs to a row."""
+    axis; PANEL_COLUMNS pairs to a row. shared: every upper axis shares one y axis and every lower one
+    another (labelled in the first column only); else each has its own."""
     ncols = min(PANEL_COLUMNS, n)
     nrows = -(-n // ncols)
-    fig, grid = plt.subplots(2 * nrows, ncols, figsize=(width, 2.35 * nrows + 1.2), sharex=True, squeeze=False,
-                             layout="constrained", gridspec_kw={"height_ratios": [1.3, 1.0] * nrows})
+    fig, grid = plt.subplots(2 * nrows, ncols, figsize=(width, 2.5 * nrows + 1.2), sharex=True, squeeze=False,
+                             layout="constrained", gridspec_kw={"height_ratios": [1.15, 1.0] * nrows})
     pairs = []
     for k in range(nrows * ncols):
         top, bottom = grid[2 * (k // ncols)][k % ncols], grid[2 * (k // ncols) + 1][k % ncols]
@@ -105,7 +119,7 @@ def growth_axes(plt, n: int, width: float):
             top.set_visible(False)
             bottom.set_visible(False)
             continue
-        if pairs:
+        if pairs and shared:
             top.sharey(pairs[0][0])
             bottom.sharey(pairs[0][1])
         for ax in (top, bottom):
@@ -117,33 +131,13 @@ def growth_axes(plt, n: int, width: float):
         if k % ncols == 0:
             top.set_ylabel(ORTHO)
             bottom.set_ylabel(DRIFT)
-        else:
+        elif shared:
             top.yaxis.set_tick_params(labelleft=False)
             bottom.yaxis.set_tick_params(labelleft=False)
         if k + ncols >= n:
             bottom.set_xlabel("step (0 drawn at 1)")
         pairs.append((top, bottom))
     return fig, pairs
-
-
-def panel_axes(plt, n: int, width: float, height: float):
-    """n log-log panels, PANEL_COLUMNS to a row, each with its own y axis; spare axes hidden."""
-    ncols = min(PANEL_COLUMNS, n)
-    nrows = -(-n // ncols)
-    fig, grid = plt.subplots(nrows, ncols, figsize=(width, height * nrows + 1.0), sharex=True, squeeze=False,
-                             layout="constrained")
-    flat = [ax for row in grid for ax in row]
-    for k, ax in enumerate(flat):
-        if k >= n:
-            ax.set_visible(False)
-            continue
-        ax.grid(True, which="major", alpha=0.3)
-        if k % ncols == 0:
-            ax.set_ylabel(ORTHO)
-        if k + ncols >= n:
-            ax.set_xlabel("step (0 drawn at 1)")
-            ax.xaxis.set_tick_params(labelbottom=True)
-    return fig, flat[:n]
 
 
 class SweepFigures:
@@ -177,7 +171,7 @@ class SweepFigures:
         in the lower panel. One legend of the precisions, under the figure."""
         pairs = list(itertools.product(self.adversaries, self.retraction_axis))
         width = figure_width(len(pairs))
-        fig, axes = growth_axes(plt, len(pairs), width)
+        fig, axes = pair_axes(plt, len(pairs), width, shared=True)
         handles = {}
         for (top, bottom), (adv, ret) in zip(axes, pairs):
             for prec in self.precisions:
@@ -201,40 +195,44 @@ class SweepFigures:
         return fig
 
     def retractions(self, plt):
-        """Per precision (and adversary), ||Z^T Z - I||_F against step, a curve per retraction; one legend
-        of the retractions, under the figure."""
+        """Per precision (and adversary), ||Z^T Z - I||_F above ||W E - I||_F against step, a curve per
+        retraction, each panel on its own scale; one legend of the retractions, under the figure."""
         pairs = list(itertools.product(self.adversaries, self.precisions))
         width = figure_width(len(pairs))
-        fig, axs = panel_axes(plt, len(pairs), width, 1.45)
+        fig, axes = pair_axes(plt, len(pairs), width, shared=False)
         handles = {}
-        for ax, (adv, prec) in zip(axs, pairs):
+        for (top, bottom), (adv, prec) in zip(axes, pairs):
             floor = None
             for ret in self.retraction_axis:
                 k = self.key(ret, prec, adv)
                 if k not in self.data:
                     continue
                 d, style = self.data[k], retraction_style(ret)
-                handles.setdefault(ret, draw_band(ax, d["steps"], d["orthonormality"], style.colour, style.marker,
+                handles.setdefault(ret, draw_band(top, d["steps"], d["orthonormality"], style.colour, style.marker,
                                                   ret))
+                draw_band(bottom, d["steps"], d["pinv_drift"], style.colour, style.marker, ret)
                 floor = self.by_key[k]["floor"]
-            ax.set_ylim(top=min(ax.get_ylim()[1], CLIP_HIGH))
             if floor is not None:
-                ax.axhline(floor, color="black", ls="--", lw=0.7)
-            ax.set_title(self.title(prec, adv))
-            plain_ticks_within_a_decade(ax)
-        fig.suptitle(wrap(f"Retractions per precision: {ORTHO} against step; dashed: the precision's storage "
-                          f"floor.\n{self.fixed_note}", width))
+                top.axhline(floor, color="black", ls="--", lw=0.7)
+            top.set_title(self.title(prec, adv))
+            for ax in (top, bottom):
+                clip_y(ax)
+                plain_ticks_within_a_decade(ax)
+        fig.suptitle(wrap(f"Retractions per precision: {ORTHO} (upper panel; dashed: the precision's storage "
+                          f"floor) and {DRIFT}, the pinv drift (lower panel), against step.\n{self.fixed_note}",
+                          width))
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
                    ncol=legend_columns(list(handles), width), title="retraction", frameon=False)
         return fig
 
     def cost(self, plt):
         """Every row: ms per step against final ||Z^T Z - I||_F / floor; colour = precision, marker =
-        retraction, hollow = unsafe. The legend beside the axes."""
+        retraction, hollow = unsafe. The legend beside the axes, or under them when it is long."""
         from matplotlib.lines import Line2D  # matplotlib loads only to draw
 
         clip = 1e6  # a diverged cell is drawn at the top edge
-        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.6), layout="constrained")
+        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.6 if len(self.precisions) + len(self.retraction_axis) < 16
+                                        else 5.2), layout="constrained")
         for r in self.rows:
             if not (math.isfinite(r["ms_per_step"]) and math.isfinite(r["error_over_floor"])):
                 continue
@@ -248,7 +246,11 @@ class SweepFigures:
                     for r in self.retraction_axis]
         handles.append(Line2D([], [], color="black", marker="o", ls="", markerfacecolor="none",
                               label="hollow: unsafe (grows, fails\nor Z broke down by itself)"))
-        fig.legend(handles=handles, loc="outside right upper", ncol=1 if len(handles) <= 16 else 2, frameon=False)
+        if len(handles) <= 16:  # one column beside the axes
+            fig.legend(handles=handles, loc="outside right upper", frameon=False)
+        else:  # more would squeeze the axes: under them, as many columns as fit
+            fig.legend(handles=handles, loc="outside lower center", frameon=False,
+                       ncol=legend_columns([h.get_label() for h in handles[:-1]], PAGE_WIDTH))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.axhline(1, color="grey", ls="--", lw=0.7)
