@@ -29,7 +29,7 @@ UNTITLED = ("backend", "device")
 # the metrics people plot most, said as a reader knows them (mathtext)
 METRIC_NAMES = {"orthonormality": r"$\Vert Z^{\top}Z - I\Vert_F$", "pinv_drift": r"$\Vert WE - I\Vert_F$",
                 "cond_T": "cond(T)", "penrose": "largest Penrose residual",
-                "shadow_Z": "Z's distance from its float64 shadow", "shadow_T": "T's distance from its float64 shadow",
+                "shadow_Z": "Z against its float64 shadow", "shadow_T": "T against its float64 shadow",
                 "pinv_error": r"$\Vert W - E^{+}\Vert_F / \Vert E^{+}\Vert_F$"}
 PANELS_PER_ROW = 3
 
