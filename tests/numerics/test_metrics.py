@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pitcheck import PitcheckError
 from pitcheck.numerics import metrics, reference
-from tests.helpers import pit_pair
+from tests.helpers import orthonormal, pit_pair
 
 U = 2.0**-53
 U32, U64 = 2.0**-24, 2.0**-53
@@ -25,16 +25,11 @@ U32, U64 = 2.0**-24, 2.0**-53
 # ---- closed forms first (they kill most mutants fastest) -----------------------------------------
 
 
-def _orthonormal(V, D, seed=0):
-    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((V, D)))
-    return q * np.sign(np.diag(r))
-
-
 def _with_gram(M, V):
     """A V x D matrix Z with Z^T Z = I + M exactly up to float64 rounding: Z = Q R, R^T R = I + M."""
     D = M.shape[0]
     R = np.linalg.cholesky(np.eye(D) + M).T
-    return _orthonormal(V, D, seed=7) @ R
+    return orthonormal(V, D, seed=7) @ R
 
 
 M_SYM = np.array([[0.3, 0.4], [0.4, 0.0]])  # ||M||_F = sqrt(0.41), ||M||_1 = 0.7, ||M||_2 = 0.577
@@ -44,7 +39,7 @@ M_SYM = np.array([[0.3, 0.4], [0.4, 0.0]])  # ||M||_F = sqrt(0.41), ||M||_1 = 0.
 def test_orthonormality_loss_is_the_frobenius_norm_of_the_gram_defect():
     Z = _with_gram(M_SYM, V=5)
     assert metrics.orthonormality_loss(Z) == pytest.approx(math.sqrt(0.41), rel=1e-12)
-    assert metrics.orthonormality_loss(_orthonormal(9, 4)) < 1e-14
+    assert metrics.orthonormality_loss(orthonormal(9, 4)) < 1e-14
 
 
 def test_orthonormality_ratio_is_the_one_norm_over_vocab_times_u_not_eps():
@@ -55,7 +50,7 @@ def test_orthonormality_ratio_is_the_one_norm_over_vocab_times_u_not_eps():
 
 
 def test_orthonormality_ratio_of_a_householder_q_is_about_one():
-    Z = _orthonormal(200, 8)
+    Z = orthonormal(200, 8)
     assert 0.01 < metrics.orthonormality_ratio(Z, U64) < 30
 
 
@@ -143,7 +138,7 @@ def test_trisolve_errors_pin_the_ratios_dtrt02_normalisation():
 
 
 def test_trisolve_backward_ratio_of_exact_solves_is_zero_and_of_float64_solves_about_one():
-    Z = _orthonormal(40, 4, seed=3)
+    Z = orthonormal(40, 4, seed=3)
     L = np.linalg.cholesky(np.diag([1.0, 2.0, 3.0, 4.0]) + 0.1)
     ids = np.arange(40)
     E = np.linalg.solve(L.T, np.linalg.solve(L, Z.T)).T
@@ -154,7 +149,7 @@ def test_trisolve_backward_ratio_of_exact_solves_is_zero_and_of_float64_solves_a
 
 
 def test_trisolve_errors_see_a_one_row_solve_error_of_known_size():
-    Z = _orthonormal(30, 3, seed=5)
+    Z = orthonormal(30, 3, seed=5)
     L = np.diag([2.0, 1.0, 0.5])
     ids = np.array([0, 7, 29])
     E = Z[ids] / np.array([4.0, 1.0, 0.25])  # exact: T is diagonal with powers of two
@@ -168,7 +163,7 @@ def test_trisolve_errors_see_a_one_row_solve_error_of_known_size():
 
 
 def test_precision_cannot_resolve_threshold_is_cond_u_at_one_tenth():
-    Z = _orthonormal(8, 2)
+    Z = orthonormal(8, 2)
     L = np.diag([1.0, 0.25])  # cond(T) = 16
     ids = np.array([0, 1])
     E = metrics.reference_embedding(Z, L, ids).astype(np.float64)
@@ -184,13 +179,13 @@ def test_precision_cannot_resolve_threshold_is_cond_u_at_one_tenth():
 @pytest.mark.parametrize("L, cond_T", [(np.eye(3), None), (np.eye(2), 0.5), (np.eye(2), math.inf)],
                          ids=["L-3x3", "cond-below-1", "cond-inf"])
 def test_trisolve_errors_refuse_mismatched_shapes_and_bad_cond(L, cond_T):
-    Z = _orthonormal(6, 2)
+    Z = orthonormal(6, 2)
     with pytest.raises(PitcheckError):
         metrics.trisolve_errors(Z, L, Z[:2].copy(), [0, 1], U32, cond_T=cond_T)
 
 
 def test_trisolve_errors_take_a_given_cond_T():
-    Z, L = _orthonormal(6, 2), np.eye(2)
+    Z, L = orthonormal(6, 2), np.eye(2)
     E = Z[:2].copy()
     assert metrics.trisolve_errors(Z, L, E, [0, 1], U32, cond_T=1.0)["trisolve_forward"] == 0.0
 
@@ -205,7 +200,7 @@ def test_reference_embedding_solves_with_L_then_L_transpose():
 
 # ---- pinv drift and Penrose ------------------------------------------------------------------------
 def test_pinv_drift_is_the_frobenius_norm_of_WE_minus_I():
-    Z = _orthonormal(7, 3)
+    Z = orthonormal(7, 3)
     c = 1 + 2.0**-20
     assert metrics.pinv_drift(c * Z, Z) == pytest.approx(2.0**-20 * math.sqrt(3), rel=1e-6)
     S = np.array([[1.0, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
@@ -282,7 +277,7 @@ def test_interface_metrics_refuse_a_sample_size_that_is_not_a_positive_integer(b
 def test_penrose_residuals_closed_form_for_a_shear():
     """E = Z S, B = Z with S = [[1, a], [0, 1]]: AB = S^T, each residual in closed form."""
     a = 0.5
-    Z = _orthonormal(6, 2, seed=2)
+    Z = orthonormal(6, 2, seed=2)
     S = np.array([[1.0, a], [0.0, 1.0]])
     r = metrics.penrose_residuals(Z @ S, Z)
     nS = math.sqrt(2 + a * a)
@@ -346,7 +341,7 @@ def test_head_metrics_agree_with_svd_references_on_both_qr_paths(cond, monkeypat
 
 
 def test_head_metrics_refuse_a_head_too_large_for_float64():
-    E = _orthonormal(40, 3)
+    E = orthonormal(40, 3)
     with pytest.raises(PitcheckError, match="QR"):  # the QR overflows, not the Penrose products
         metrics.pinv_error(E, np.full((40, 3), 1e308))  # Q^T B overflows; R is fine
     with pytest.raises(PitcheckError, match="too large"):
@@ -370,7 +365,7 @@ def test_penrose_residuals_of_a_wide_embedding():
 
 
 def test_pinv_error_is_relative_to_the_pseudo_inverse():
-    Z = _orthonormal(6, 2, seed=4)
+    Z = orthonormal(6, 2, seed=4)
     S = np.array([[2.0, 1.0], [0.0, 0.5]])
     E = Z @ S
     B = Z @ np.linalg.inv(S).T  # W = S^{-1} Z^T = pinv(E)
@@ -387,7 +382,7 @@ def test_pinv_error_refuses_an_embedding_without_a_left_inverse(E, B):
 
 
 def test_head_metrics_keys_and_values_of_an_exact_pair():
-    Z = _orthonormal(6, 2, seed=4)
+    Z = orthonormal(6, 2, seed=4)
     S = np.array([[2.0, 1.0], [0.0, 0.5]])
     h = metrics.head_metrics(Z @ S, Z @ np.linalg.inv(S).T)
     assert set(h) == {"pinv_drift", "penrose", "penrose_1", "penrose_2", "penrose_3", "penrose_4", "pinv_error"}
@@ -471,7 +466,7 @@ def test_extended_precision_bits_are_the_long_double_significand():
 
 
 def test_interface_metrics_refuse_a_factor_of_the_wrong_size_with_the_shapes():
-    Z = _orthonormal(6, 2)
+    Z = orthonormal(6, 2)
     with pytest.raises(PitcheckError, match=r"Z \(6, 2\), L \(3, 3\), E \(6, 2\)"):  # all three shapes
         metrics.interface_metrics(Z, np.eye(3), Z, U32)
 
@@ -489,7 +484,7 @@ def test_a_failed_svd_is_a_pitcheck_error(monkeypatch):
     with pytest.raises(PitcheckError, match="SVD"):
         metrics.cholesky_conditioning(np.eye(2), U32)
     # the QR behind the head metrics only estimates cond(E) by an SVD: without it, Householder QR
-    Q = _orthonormal(4, 2)
+    Q = orthonormal(4, 2)
     assert metrics.pinv_error(Q, Q) < 1e-15
 
 
@@ -504,7 +499,7 @@ def test_as_matrix_accepts_ml_dtypes_floats_and_refuses_other_void_types():
 
 
 def test_trisolve_errors_refuse_a_factor_smaller_than_D():
-    Z = _orthonormal(6, 2)
+    Z = orthonormal(6, 2)
     with pytest.raises(PitcheckError, match="shape mismatch"):
         metrics.trisolve_errors(Z, np.eye(1), Z[:2], [0, 1], U32)
 

@@ -11,20 +11,16 @@ from pitcheck.numerics.placement import PLACEMENTS, get_placement, quantised_hea
 from pitcheck.numerics.policy import POLICIES, get_policy
 from pitcheck.verbs.compare import storage_floor
 from pitcheck.trajectory import RunConfig, run
+from tests.helpers import orthonormal
 
 pytest.importorskip("torch")
 
 PLACED = [name for name, p in POLICIES.items() if p.placement]
 
 
-def _orthonormal(V, D, seed=0):
-    Q, R = np.linalg.qr(np.random.default_rng(seed).standard_normal((V, D)))
-    return Q * np.where(np.diag(R) < 0, -1.0, 1.0)
-
-
 def _engine(precision, V=256, D=32):
     engine = Engine("torch", get_policy(precision), StepSettings("qr", "adam", 1e-3), device="cpu")
-    engine.initialise(_orthonormal(V, D), np.eye(D))
+    engine.initialise(orthonormal(V, D), np.eye(D))
     return engine
 
 
@@ -143,7 +139,7 @@ def test_floors_through_placements_are_ordered():
     assert storage_floor("fp8-logits", 256, 32) == fp32 == storage_floor("fp8-adam", 256, 32)
     assert storage_floor("fp8-gathered-z", 256, 32) == fp8
     assert 1e4 * fp32 < fp8 and fp8 < nv and mx < nv
-    Q = _orthonormal(64, 32)
+    Q = orthonormal(64, 32)
     assert np.array_equal(stored_copy(Q, "fp64", None), Q)
 
 

@@ -15,6 +15,7 @@ from pitcheck.numerics.policy import get_policy
 from pitcheck.numerics.quantisers import LOGITS_ROLES, Quantisers, stochastic_rng
 from pitcheck.numerics.scaling import TensorDelayed, get_recipe
 from pitcheck.trajectory import RunConfig, run
+from tests.helpers import orthonormal
 
 pytest.importorskip("torch")
 
@@ -22,14 +23,9 @@ DELAYED = ["fp8-logits-delayed", "fp8-adam-delayed"]
 STATEFUL = DELAYED + ["nvfp4-grad-sr"]
 
 
-def _orthonormal(V, D, seed=0):
-    Q, R = np.linalg.qr(np.random.default_rng(seed).standard_normal((V, D)))
-    return Q * np.where(np.diag(R) < 0, -1.0, 1.0)
-
-
 def _engine(precision, V=128, D=32, seed=0):
     engine = Engine("torch", get_policy(precision), StepSettings("qr", "adam", 1e-3), device="cpu", seed=seed)
-    engine.initialise(_orthonormal(V, D), np.eye(D))
+    engine.initialise(orthonormal(V, D), np.eye(D))
     return engine
 
 

@@ -22,16 +22,12 @@ from pitcheck.numerics.arrays import NumpyOps, TorchOps, ops_for
 from pitcheck.model.retractions import (APPROXIMATE, RETRACTIONS, RetractionError, get_retraction, reproject,
                                   tangent_projection)
 from tests import oracle
+from tests.helpers import orthonormal
 
 U = 2.0**-53
 
 
 # ---- what tells each retraction from its neighbours ----------------------------------------------
-def _orthonormal(V, D, seed=0):
-    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((V, D)))
-    return q * np.sign(np.diag(r))
-
-
 def _tangent(Z, seed=1, scale=1.0):
     G = np.random.default_rng(seed).standard_normal(Z.shape)
     return scale * (G - Z @ (0.5 * (Z.T @ G + G.T @ Z)))
@@ -57,10 +53,10 @@ def _rot(theta):
 
 def _known_polar(V=7, seed=3, s=(1.2, 0.8)):
     """Y = U diag(s) Q^T with known factors: its polar factor is U Q^T."""
-    U = _orthonormal(V, 2, seed)
+    U = orthonormal(V, 2, seed)
     Q = _rot(0.3)
     Y = (U * np.array(s)) @ Q.T
-    Z = _orthonormal(V, 2, seed + 10)
+    Z = orthonormal(V, 2, seed + 10)
     return Z, Y - Z, U @ Q.T
 
 
@@ -77,7 +73,7 @@ def test_tangent_projection_symmetrises_a_non_symmetric_ZtG(backend):
 
 
 def test_tangent_projection_is_idempotent_and_keeps_tangent_vectors():
-    Z = _orthonormal(9, 3)
+    Z = orthonormal(9, 3)
     G = np.random.default_rng(5).standard_normal((9, 3))
     P = R.tangent_projection(Z, G)
     np.testing.assert_allclose(R.tangent_projection(Z, P), P, atol=1e-14)
@@ -106,7 +102,7 @@ def test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold():
     np.testing.assert_allclose(got, expected, rtol=0, atol=2e-15)
     # one Newton-Schulz step from a point with singular values 1 + d gives 1 - 3d^2/2 + O(d^3)
     d = 1e-3
-    Y = (1 + d) * _orthonormal(6, 2)
+    Y = (1 + d) * orthonormal(6, 2)
     one = R.retract_polar_ns(Y, 0 * Y, max_iter=1)
     np.testing.assert_allclose(np.linalg.svd(one, compute_uv=False), (1 + d) * (1.5 - 0.5 * (1 + d) ** 2),
                                rtol=0, atol=1e-15)
@@ -114,14 +110,14 @@ def test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold():
 
 def test_polar_ns_refuses_a_point_too_far_from_the_manifold():
     # ||Y^T Y - I||_F = sqrt(2) (s^2 - 1): 0.976 at s = 1.3 (runs), 1.163 at s = 1.35 (refused)
-    U = _orthonormal(5, 2)
+    U = orthonormal(5, 2)
     np.testing.assert_allclose(R.retract_polar_ns(1.3 * U, 0 * U), U, atol=1e-14)
     with pytest.raises(R.RetractionError, match="too far"):
         R.retract_polar_ns(1.35 * U, 0 * U)
 
 
 def test_polar_ns_that_stalls_far_from_the_manifold_is_an_error():
-    U = _orthonormal(5, 2)
+    U = orthonormal(5, 2)
     # singular values (1, 0.3): ||G - I||_F = 0.91, then 0.81 after one step: not halved, still > 1e-2
     with pytest.raises(R.RetractionError, match="converge"):
         R.retract_polar_ns(U * np.array([1.0, 0.3]), 0 * U)
@@ -150,7 +146,7 @@ def test_polar_gram_refuses_a_gram_matrix_singular_only_to_rounding(seed, dtype)
 def test_polar_gram_singularity_threshold_is_d_u_not_v_u(s2, singular):
     """V = 1000, D = 2, float64: Gram eigenvalue ratio 1e-14 lies above D u = 2.2e-16 (and above the
     Gram's rounding, ~sqrt(V) u = 3.5e-15), below V u = 1.1e-13: accepted; ratio 1e-17 is refused."""
-    U = _orthonormal(1000, 2, seed=5)
+    U = orthonormal(1000, 2, seed=5)
     Y = (U * np.array([1.0, s2])) @ _rot(0.4).T
     if singular:
         with pytest.raises(R.RetractionError, match="singular"):
@@ -181,7 +177,7 @@ def test_qr_retractions_give_the_sign_fixed_q_factor(name, backend):
 
 @pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2", "rcqr", "cholqr3-shifted"])
 def test_qr_retractions_agree_on_a_generic_point(name):
-    Z = _orthonormal(12, 3)
+    Z = orthonormal(12, 3)
     Y = Z + _tangent(Z, scale=0.3)
     Q = R.get_retraction(name)(Z, Y - Z)
     Rf = Q.T @ Y
@@ -199,7 +195,7 @@ def test_cholesky_qr_refuses_a_rank_deficient_point(name):
 
 def test_cholqr2_reaches_householder_orthogonality_where_cholqr_does_not():
     rng = np.random.default_rng(0)
-    Y = _orthonormal(200, 8) * np.logspace(0, -5, 8)  # cond 1e5
+    Y = orthonormal(200, 8) * np.logspace(0, -5, 8)  # cond 1e5
     Y = Y @ np.linalg.qr(rng.standard_normal((8, 8)))[0]
     e1 = np.linalg.norm(R.retract_cholqr(Y, 0 * Y).T @ R.retract_cholqr(Y, 0 * Y) - np.eye(8))
     Q2 = R.retract_cholqr2(Y, 0 * Y)
@@ -230,7 +226,7 @@ def _dense_cayley(Z, xi):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cayley_matches_the_dense_cayley_transform(backend):
-    Z = _orthonormal(8, 3)
+    Z = orthonormal(8, 3)
     xi = _tangent(Z, scale=0.4)
     dense, W = _dense_cayley(Z, xi)
     np.testing.assert_allclose(W @ Z, xi, atol=1e-14)  # the generator reproduces xi
@@ -258,7 +254,7 @@ def test_cayley_iter_two_iterations_in_closed_form(backend):
 def test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations():
     """The fixed point is the Cayley map; its error after k iterations is (W/2)^k O(W^2) = O(t^(k+2)):
     halving t divides the error by 2^4 = 16 for the default two iterations (8 for one, 32 for three)."""
-    Z = _orthonormal(10, 3, seed=2)
+    Z = orthonormal(10, 3, seed=2)
     xi = _tangent(Z, seed=4)
 
     def err(t, **kw):
@@ -271,14 +267,14 @@ def test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations():
 
 
 def test_cayley_with_a_zero_step_is_the_identity():
-    Z = _orthonormal(9, 3)
+    Z = orthonormal(9, 3)
     for name in ("cayley", "cayley-iter", "none"):
         np.testing.assert_array_equal(R.get_retraction(name)(Z, 0 * Z), Z)
 
 
 # ---- none, ns5, registry -------------------------------------------------------------------------
 def test_none_is_the_euclidean_step():
-    Z = _orthonormal(5, 2)
+    Z = orthonormal(5, 2)
     xi = _tangent(Z)
     np.testing.assert_array_equal(R.retract_none(Z, xi), Z + xi)
 
@@ -287,7 +283,7 @@ def test_none_is_the_euclidean_step():
 def test_ns5_is_muons_scalar_recurrence_on_an_orthonormal_point(backend):
     """On X = Z (orthonormal, D = 4) every singular value is s0 = 1 / (||Z||_F + 1e-7) = 1 / (2 + 1e-7),
     and each step maps s to a s + b s^3 + c s^5 with (a, b, c) = (3.4445, -4.7750, 2.0315)."""
-    Z = _orthonormal(11, 4)
+    Z = orthonormal(11, 4)
     s = 1 / (2 + 1e-7)
     for _ in range(5):
         s = 3.4445 * s - 4.7750 * s**3 + 2.0315 * s**5
@@ -299,7 +295,7 @@ def test_ns5_is_muons_scalar_recurrence_on_an_orthonormal_point(backend):
 
 def test_ns5_orthogonalises_the_step_taken_not_another():
     # ns5(Z, xi) is the map applied to Z + xi: the same as starting from Z + xi with no step
-    Z = _orthonormal(11, 4)
+    Z = orthonormal(11, 4)
     xi = 0.3 * _tangent(Z)
     np.testing.assert_allclose(R.retract_ns5(Z, xi), R.retract_ns5(Z + xi, 0 * Z), rtol=0, atol=1e-14)
     assert np.abs(R.retract_ns5(Z, xi) - R.retract_ns5(Z - xi, 0 * Z)).max() > 1e-3
@@ -316,7 +312,7 @@ def test_registry_names_and_unknown_names():
 
 @pytest.mark.parametrize("name", ["qr", "cholqr", "cholqr2", "cayley", "ns5"])
 def test_torch_results_are_row_major_and_match_numpy(name):
-    Z = _orthonormal(9, 3)
+    Z = orthonormal(9, 3)
     xi = _tangent(Z, scale=0.2)
     got = R.get_retraction(name)(*_as("torch", Z, xi))
     assert got.is_contiguous()
@@ -393,7 +389,7 @@ def test_polar_express_schedule_applies_the_safety_factor_and_repeats_the_last_s
 def test_polar_express_is_its_scalar_recurrence_on_an_orthonormal_point(backend):
     """On X = Z (orthonormal, D = 4) every singular value is s0 = 1 / (1.01 ||Z||_F + 1e-7) = 1 / (2.02 + 1e-7),
     mapped through the five scaled polynomials."""
-    Z = _orthonormal(11, 4)
+    Z = orthonormal(11, 4)
     s = 1 / (2.02 + 1e-7)
     for a, b, c in R.polar_express_schedule(5):
         s = a * s + b * s**3 + c * s**5
@@ -425,7 +421,7 @@ def _plain_polar_express(Y, safety, steps=5):
 def test_gram_ns_is_the_polar_express_iteration_on_the_gram_matrix(restarts):
     """In float64 the Gram form equals the same five polynomials (safety 1.05, scaled by ||Y||_F + 1e-7)
     applied to Y directly, wherever it restarts."""
-    Y = _orthonormal(30, 4) @ np.diag([1.0, 0.5, 0.1, 0.02]) @ _rot4()
+    Y = orthonormal(30, 4) @ np.diag([1.0, 0.5, 0.1, 0.02]) @ _rot4()
     got = R.retract_gram_ns(Y, 0 * Y, restarts=restarts)
     np.testing.assert_allclose(got, _plain_polar_express(Y, 1.05), rtol=0, atol=1e-13)
     assert R.GRAM_NS_RESTARTS == (2,) and R.GRAM_NS_SAFETY == 1.05
@@ -451,14 +447,14 @@ def test_gram_ns_restart_is_what_keeps_half_precision_stable():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rcqr_returns_an_orthonormal_input_unchanged(backend):
-    Z = _orthonormal(4, 2, seed=3)
+    Z = orthonormal(4, 2, seed=3)
     np.testing.assert_allclose(_np(R.retract_rcqr(*_as(backend, Z, 0 * Z))), Z, rtol=0, atol=1e-15)
 
 
 def test_rcqr_sketch_is_fixed_per_shape_and_leaves_the_global_generators_alone():
     """The same input gives bit-identical output on every call (a re-run or a resumed run computes the
     same Z); the global numpy and torch streams are not advanced; numpy and torch draw the same sketch."""
-    Z = _orthonormal(50, 5)
+    Z = orthonormal(50, 5)
     xi = _tangent(Z, scale=0.2)
     R._SKETCHES.clear()
     np_state, torch_state = np.random.get_state()[1].copy(), torch.get_rng_state().clone()
@@ -514,7 +510,7 @@ def test_cholqr3_shift_is_fukayas(policy):
             return super().cholesky(x)
 
     ops = Spy() if policy == "fp64" else Spy(matmul_dtype=torch.bfloat16, native=False)
-    Z = _orthonormal(40, 3)
+    Z = orthonormal(40, 3)
     Y = Z + _tangent(Z, scale=0.3)
     if policy == "bf16":
         Y = torch.from_numpy(Y).float()
@@ -541,7 +537,7 @@ def test_cholqr3_shifted_reports_breakdown():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_landing_in_closed_form_on_a_scaled_orthonormal_point(backend):
     """Z = s U: Z^T Z - I = (s^2 - 1) I, so Z + 0 - mu Z (Z^T Z - I) = s (1 - mu (s^2 - 1)) U, mu = lambda eta."""
-    U = _orthonormal(6, 2)
+    U = orthonormal(6, 2)
     s = 1.25
     got = _np(R.retract_landing(*_as(backend, s * U, 0 * U)))
     np.testing.assert_allclose(got, s * (1 - 0.5 * (s * s - 1)) * U, rtol=0, atol=1e-15)
@@ -554,7 +550,7 @@ def test_landing_in_closed_form_on_a_scaled_orthonormal_point(backend):
 
 @pytest.mark.parametrize("mu", [0.0, -0.5, 1.0, 2.0])
 def test_landing_refuses_an_attraction_that_does_not_contract(mu):
-    U = _orthonormal(6, 2)
+    U = orthonormal(6, 2)
     with pytest.raises(PitcheckError, match="landing"):
         R.retract_landing(U, 0 * U, attraction=1.0, step=mu)
 

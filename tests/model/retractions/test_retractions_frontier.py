@@ -11,6 +11,7 @@ import pytest
 
 from pitcheck.model.retractions import frontier as R
 from pitcheck.numerics.arrays import NumpyOps, ops_for
+from tests.helpers import orthonormal
 from tests.model.retractions import test_retractions as guards
 
 
@@ -103,7 +104,7 @@ def _v_sized(products, V):
 
 def test_gram_ns_of_a_step_off_the_point_is_the_polar_express_iteration_on_z_plus_xi():
     # X = Z + xi, not Z - xi (the guard in test_retractions takes xi = 0, where the two coincide)
-    Z = guards._orthonormal(30, 4)
+    Z = orthonormal(30, 4)
     xi = guards._tangent(Z, scale=0.3)
     np.testing.assert_allclose(R.retract_gram_ns(Z, xi), guards._plain_polar_express(Z + xi, 1.05),
                                rtol=0, atol=1e-13)
@@ -117,7 +118,7 @@ def test_gram_ns_does_its_documented_products_and_no_wasted_gram_update(restarts
     Gram update (a R + R K, then K (a R + R K): 2 products) only where the next step uses it, i.e. not
     after the last step nor before a restart (where R is recomputed from X Q). Counting these pins the
     loop's skip condition, which no value test can see (a wasted update is overwritten)."""
-    Z = guards._orthonormal(30, 4)
+    Z = orthonormal(30, 4)
     ops = _CountingOps()
     R.retract_gram_ns(Z, guards._tangent(Z, scale=0.3), ops, restarts=restarts)
     V = 30
@@ -154,7 +155,7 @@ def test_rcqr_sketch_has_ceil_oversample_d_rows_and_never_fewer_than_d(D, oversa
     # Dion's k = ceil(1.25 D) (at least D, or S Y could not have rank D); the sketch's size changes only
     # rounding (the Q factor is unique), so it is pinned by what rcqr asks for
     sizes = _SketchSizes(monkeypatch)
-    Z = guards._orthonormal(64, D)
+    Z = orthonormal(64, D)
     got = R.retract_rcqr(Z, guards._tangent(Z, scale=0.1), oversample=oversample)
     assert sizes.calls == [(k, 64)]
     assert np.linalg.norm(got.T @ got - np.eye(D)) < 1e-13

@@ -19,7 +19,7 @@ from pitcheck.verbs.validate import TAU, checks
 from pitcheck.verbs.validate.checks import Context, Verdicts
 from pitcheck.verbs.validate import probes
 from pitcheck.verbs.validate.probes import Probe
-from tests.helpers import pit_pair
+from tests.helpers import orthonormal, pit_pair
 
 V, D = 64, 8
 U32, U64, UBF = 2.0**-24, 2.0**-53, 2.0**-8
@@ -1299,11 +1299,6 @@ def test_scale_safe_range_ends_at_fmax_over_64_not_below_it():
 STEPS = (2.0**-5, 2.0**-6)
 
 
-def _orthonormal(n, d, seed):
-    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, d)))
-    return q * np.sign(np.diag(r))
-
-
 def _polar(x):
     u, _, vt = np.linalg.svd(x, full_matrices=False)
     return u @ vt
@@ -1319,8 +1314,8 @@ def retraction_probe(R0=None, RQ=None, Y=None, X=None, maps_memory=None, steps=S
                      **facts):
     """The arrays probe_retraction returns, for an exact float64 polar retraction unless overridden:
     Y and X map a step t (and X:t) to the point after and before post_step."""
-    Z = _orthonormal(V, D, 0)
-    Q = _orthonormal(D, D, 1)
+    Z = orthonormal(V, D, 0)
+    Q = orthonormal(D, D, 1)
     G = np.random.default_rng(2).standard_normal((V, D))
     xi = G - Z @ (Z.T @ G)
     xi *= math.sqrt(D) / np.linalg.norm(xi)
@@ -1458,7 +1453,7 @@ def test_retraction_without_post_step_or_memory_is_inconclusive():
 
 @pytest.mark.parametrize("apart,judged", [(0.099, True), (0.101, False)])
 def test_retraction_judges_only_the_memory_the_maps_use(apart, judged):
-    Z = _orthonormal(V, D, 0)
+    Z = orthonormal(V, D, 0)
     # a rotation in the plane of two columns moves Z by apart (relative): sqrt(4 (1 - cos a) / D)
     angle = math.acos(1 - apart**2 * D / 4)
     rot = np.eye(D)
@@ -1475,7 +1470,7 @@ def test_retraction_maps_that_show_no_memory_do_not_stop_the_judging():
 
 
 def test_stiefel_distance_and_memory_from_maps():
-    Z = _orthonormal(V, D, 3)
+    Z = orthonormal(V, D, 3)
     assert checks.stiefel_distance(Z * math.sqrt(1 + 2.0**-8)) == pytest.approx(2.0**-8, rel=1e-9)
     y = Z.copy()
     y[:, 0] *= math.sqrt(1 - 2.0**-6)
@@ -1661,7 +1656,7 @@ def test_conditioning_states_are_labelled_by_the_cond_they_reached():
 
 def _in_span_probe(Y):
     """A retraction probe whose move has an in-span part: X = Z + t (xi_normal + Z Omega)."""
-    Z = _orthonormal(V, D, 0)
+    Z = orthonormal(V, D, 0)
     A = np.random.default_rng(3).standard_normal((D, D))
     omega = 0.5 * (A - A.T)
     G = np.random.default_rng(2).standard_normal((V, D))
@@ -1757,7 +1752,7 @@ def test_trajectory_measures_the_memory_itself_where_it_is_the_maps_memory():
     r = checks.check_trajectory(_trajectory_with_memory([1e-8, 1e-8]), ctx)
     assert r.verdict == "pass" and [d for d in r.details if "maps_orthonormality" in d]
     # a tensor that is not the maps' memory (further than MEMORY_MATCH from it) is not taken as Z
-    far = _orthonormal(VW, D, 5)
+    far = orthonormal(VW, D, 5)
     r = checks.check_trajectory(_trajectory_with_memory([1e-8, 1e-3], memory=far), ctx)
     assert r.verdict == "pass", r.reason
     assert all("as the maps show it" in d["measure"] for d in r.details if "orthonormality" in d.get("measure", ""))
@@ -1840,7 +1835,7 @@ def test_trajectory_measures_the_memory_at_a_t_with_eigenvalues_below_one():
 
 def test_retraction_maps_that_cannot_show_their_memory_leave_post_step_judged():
     # a singular head (a zero column: W W^T has eigenvalue 0) shows no memory to match: post_step is judged
-    Z = _orthonormal(V, D, 0).copy()
+    Z = orthonormal(V, D, 0).copy()
     Z[:, -1] = 0.0
     r = checks.check_retraction(retraction_probe(maps_memory=Z), FP32)
     assert r.verdict == "pass", r.reason
