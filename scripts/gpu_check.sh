@@ -6,7 +6,7 @@
 # precision), bench (retraction and step costs in GEMM units), step (where a run step's time goes, the shadow on
 # the GPU against the CPU), validate (pitcheck.nn on CUDA, fp32 and bf16), nccl (sharded runs under NCCL: more
 # ranks than GPUs must be a one-line refusal), compare (the quick grid with its torch cells on CUDA), f8tests
-# (tests/test_native_float8.py, a line per failure), batched (the batched-cell tests, which ran into the GPU
+# (tests/numerics/test_native_float8.py, a line per failure), batched (the batched-cell tests, which ran into the GPU
 # before `auto` kept small cells on the CPU), zoo (every module of tests/zoo through `pitcheck validate --device
 # cuda` in float32 and bfloat16: correct_* must pass, broken_* fail their check; $OUT/zoo/zoo.md, whose
 # timeouts name their slowest phases), runloop (the run loop's costs and accuracy on CUDA: `pitcheck bench --device cuda`
@@ -36,8 +36,8 @@ PYTEST=(-m pytest -q -p no:cacheprovider -o addopts="" --tb=line -rf)
 
 tests() {
   header "pytest: CUDA tests, the shadow's placement, engine, placements, the NCCL refusal"
-  timeout -k 10 ${LIMIT[tests]} $PY "${PYTEST[@]}" tests/test_torch_backend.py tests/test_shadow_device.py \
-      tests/test_engine.py tests/test_placement.py tests/test_sharded.py::test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts \
+  timeout -k 10 ${LIMIT[tests]} $PY "${PYTEST[@]}" tests/model/test_torch_backend.py tests/trajectory/test_shadow_device.py \
+      tests/model/test_engine.py tests/numerics/test_placement.py tests/model/sharded/test_sharded.py::test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts \
       2>&1 | tail -40
 }
 float8() {
@@ -84,12 +84,12 @@ batched() {
   header "pytest: batched cells, stack failures, the draw memo (on the GPU machine's CPU; xdist where it is there)"
   local par=()
   $PY -c "import xdist" 2>/dev/null && par=(-n 8)
-  timeout -k 10 ${LIMIT[batched]} $PY "${PYTEST[@]}" "${par[@]}" tests/test_batched.py tests/test_stack_failures.py \
-      tests/test_draw_memo.py 2>&1 | tail -30
+  timeout -k 10 ${LIMIT[batched]} $PY "${PYTEST[@]}" "${par[@]}" tests/trajectory/test_batched.py tests/trajectory/test_stack_failures.py \
+      tests/model/test_draw_memo.py 2>&1 | tail -30
 }
 f8tests() {
-  header "tests/test_native_float8.py (one line per failure)"
-  timeout -k 10 ${LIMIT[f8tests]} $PY "${PYTEST[@]}" tests/test_native_float8.py 2>&1 | tail -30
+  header "tests/numerics/test_native_float8.py (one line per failure)"
+  timeout -k 10 ${LIMIT[f8tests]} $PY "${PYTEST[@]}" tests/numerics/test_native_float8.py 2>&1 | tail -30
 }
 zoo() {
   header "validate tests/zoo --device cuda, float32 and bfloat16 ($ZOO_JOBS at once, ${ZOO_TIMEOUT} s a target)"

@@ -15,6 +15,13 @@ def pit_pair(vocab, dim, cond, seed=0):
     return Z, L
 
 
+def orthonormal(rows, cols, seed=0):
+    """A random rows x cols matrix with orthonormal columns: the QR factor of a Gaussian drawn from `seed`, its
+    columns' signs fixed so that R has a positive diagonal (Haar-distributed)."""
+    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((rows, cols)))
+    return q * np.where(np.diag(r) < 0, -1.0, 1.0)
+
+
 def damage_run_file(path: Path, how: str) -> None:
     """Damage one file of a run directory: 'truncated', 'empty', 'garbage' or 'nan' (a NaN where a number
     belongs). The damage must change the file."""

@@ -5,7 +5,7 @@ and the model's parameters alone: `default_rng([seed, step, index])` and the mod
 calls on it. The default grid's 56 batches share three seeds and two adversaries, so each worker draws
 the same numbers for every batch it runs: building the generators and drawing was about a tenth of a
 stack step at 128 x 8. Kept here, later batches look them up instead. The arrays are the ones drawn,
-made read-only, so the gradients built from them are the same bytes (tests/test_draw_memo.py).
+made read-only, so the gradients built from them are the same bytes (tests/model/test_draw_memo.py).
 
 A process keeps at most DRAW_MEMO_BYTES (512 MiB) of draws: the default grid's three seeds at 10^4 steps
 need 381 MiB per worker (13312 bytes a seed and step: Gaussian 128 x 8 and 8 x 8, the LM mix's 32 x 8

@@ -152,7 +152,7 @@ def _zipf_ids(vocab: int, count: int, exponent: float, rng) -> np.ndarray:
     """`count` ids drawn as rng.choice(vocab, size=count, p=zipf probabilities) draws them, bit for bit
     and consuming the same `count` uniforms from rng: choice with replacement and p searches its CDF
     for rng.random(count) (side='right'). Choice's per-call checks of p and its CDF were ~10 us of a
-    ~12 us draw; tests/test_gradient_stream_exact.py holds the two equal."""
+    ~12 us draw; tests/model/test_gradient_stream_exact.py holds the two equal."""
     return _zipf_cdf(vocab, exponent).searchsorted(rng.random(count), side="right")
 
 

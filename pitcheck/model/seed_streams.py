@@ -6,7 +6,7 @@ done here for every generator together in a few numpy operations, and handed to 
 object that returns them. The pool itself is still numpy's own SeedSequence, built from the words its
 list argument coerces to (a uint32 array, without the list's per-element coercion). Entropy outside
 what that covers (a word of 2^32 or more, a negative or non-integer entry) goes through default_rng.
-tests/test_stacked_gradients.py holds the streams identical to default_rng's.
+tests/model/test_stacked_gradients.py holds the streams identical to default_rng's.
 """
 from __future__ import annotations
 

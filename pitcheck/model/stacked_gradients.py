@@ -6,7 +6,7 @@ whole stack (3-D matmuls, one softmax, one scatter-add), which gives each cell t
 matmul hands every matrix of a stack to the same BLAS call a lone matrix gets, elementwise ops do not
 depend on the array's shape, and the reductions (softmax's max and sum) run over the last axis row by row
 in both. The Cholesky solves stay per cell (LAPACK potrs on each cell's own factor).
-tests/test_stacked_gradients.py holds the two byte-identical.
+tests/model/test_stacked_gradients.py holds the two byte-identical.
 
 A cell whose models have no stacked form here, or whose input the stack cannot take (a non-finite factor
 or table row that sparse_input's solve must refuse, as cho_solve does), is computed by `gradient` itself.

@@ -11,7 +11,7 @@ How it differs from the emulation, and why the tests can still demand exactness:
 - element casts: torch's E4M3 conversion saturates (overflow and infinities give +-448; measured on
   torch 2.13 CPU), its E5M2 conversion overflows to infinity. The recipes' satfinite casts are reached
   by clamping to +-fmax first (which rounds the same: everything beyond fmax rounds to fmax). On float32
-  input the cast equals pitcheck.numerics.formats.round_to bit for bit (tests/test_native_float8.py enumerates
+  input the cast equals pitcheck.numerics.formats.round_to bit for bit (tests/numerics/test_native_float8.py enumerates
   every value, every midpoint and its neighbours). A float64 input is rounded to float32 first, a
   double rounding, so only float32 input is passed to the cast.
 - scaled operands: the product is rounded to fp32 before the cast, where the emulation rounds the

@@ -5,7 +5,7 @@ own run directory, recorded, committed and resumable exactly as `run()` would.
 Each run is a Trajectory built as usual (locked, resumed, checked); between records its model and shadow
 live in two stacks, and at each recorded step every run's engines are given their state back and the
 run records and commits itself. The gradients stay per run (each run's own seeded stream at its own
-stored state). The numbers are the unbatched run's bit for bit (tests/test_batched.py).
+stored state). The numbers are the unbatched run's bit for bit (tests/trajectory/test_batched.py).
 
 What runs unbatched, by its own `run()`: a run whose engines have no stacked form
 (batched_engine.unstackable: baseline heads, Adam/momentum, placements, re-projection, stateful sources

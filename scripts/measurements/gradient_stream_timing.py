@@ -1,4 +1,4 @@
-"""Per-call cost of pitcheck's gradient stream against its pre-change code (tests/test_gradient_stream_exact.py
+"""Per-call cost of pitcheck's gradient stream against its pre-change code (tests/model/test_gradient_stream_exact.py
 keeps it, and holds the two bit-identical): process CPU time per gradient(...) call, one thread (runs pin one),
 old and new interleaved in rounds of one process so that the ratio holds under load, minimum over rounds.
 Usage: PYTHONPATH=. python scripts/measurements/gradient_stream_timing.py [ROUNDS]"""
@@ -9,7 +9,7 @@ import numpy as np
 
 from pitcheck.model.gradients import AdversaryParams, gradient
 from pitcheck.infra.threads import limited_threads
-from tests.test_gradient_stream_exact import model_pair, ref_gradient
+from tests.model.test_gradient_stream_exact import model_pair, ref_gradient
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 params = AdversaryParams()

@@ -18,7 +18,7 @@ from pitcheck.model.stacked_gradients import stacked_gradients
 from pitcheck.infra.threads import thread_policy
 from pitcheck.trajectory import RunConfig, Trajectory
 from pitcheck.trajectory import batched
-from tests.test_gradient_stream_exact import model_pair
+from tests.model.test_gradient_stream_exact import model_pair
 
 
 def per_cell_gradients(self, step):

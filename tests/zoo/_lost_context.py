@@ -6,7 +6,7 @@ a tensor that raises the assert's error when anything reads it, and marks this p
 every later call of the module (and of the factory) raises the same error. The factory installs the
 matching detection in pitcheck's worker (pitcheck.verbs.validate.device.context_lost), which on the CPU would
 otherwise never report a loss. Not a member of the zoo (leading underscore): a test stand-in, used by
-tests/test_validate_cuda_context.py.
+tests/verbs/validate/test_validate_cuda_context.py.
 """
 import torch
 

@@ -4,7 +4,7 @@ arithmetic, so that a batched cell's numbers are the unbatched cell's bit for bi
 Why bit for bit holds: torch's and numpy's batched matmul, QR, Cholesky, SVD, eigh and solves on the CPU
 run the one-matrix BLAS/LAPACK call once per matrix of the stack, and where the engine calls another
 library's LAPACK (scipy's, for numpy's QR and triangular solves) the stack calls that one too (measured equal at 128 x 8 and 32 x 4,
-float32 and float64: tests/test_batched.py runs whole cells both ways and compares their files), and every
+float32 and float64: tests/trajectory/test_batched.py runs whole cells both ways and compares their files), and every
 other operation here is elementwise. Each stacked form mirrors its one-matrix form line by line (a change
 there must be made in it too: the equality tests fail otherwise).
 
@@ -96,7 +96,8 @@ class StackedOps:
         D < 8. Other CPUs, and other devices, keep the loop.
         numpy (the float64 shadow): its loops finish a vector's worth with a partial load of the same kernel,
         so an entry's bits do not depend on where it sits: one call at every D (measured at D = 1 to 39, 64
-        and 128, with infinities, NaN and subnormals). tests/test_batched_diagonals.py holds both equal."""
+        and 128, with infinities, NaN and subnormals). tests/model/retractions/test_batched_diagonals.py holds
+        both equal."""
         if not self.torch:
             return True
         return x.device.type == "cpu" and x.shape[-1] * x.element_size() < SCALAR_TAIL_BYTES and _x86_simd()

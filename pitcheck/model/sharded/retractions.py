@@ -13,7 +13,7 @@ Which map has a distributed form is its record's in pitcheck.model.retractions (
 function here); SHARDED_RETRACTIONS is that view.
 
 The result equals the single-process retraction to within rounding, not bitwise: the Gram's sum runs in a
-different order (see tests/test_sharded.py for the bound and the measured distance).
+different order (see tests/model/sharded/test_sharded.py for the bound and the measured distance).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The one-line plants of batched cells (results/bench/BATCHED.md): each applied in place, the
-tests of tests/test_batched.py that should catch it run, the file restored; prints KILLED or SURVIVED per
+tests of tests/trajectory/test_batched.py that should catch it run, the file restored; prints KILLED or SURVIVED per
 plant (every plant must be killed). Run from the repository root with the venv's python; a word of a plant's
 description picks a subset. A plant's selection may name its own test file ("file.py::-k words")."""
 import subprocess, sys
@@ -25,27 +25,27 @@ PLANTS = [
  ("the shadow not stepped", "pitcheck/trajectory/batched.py",
   "failed |= self.shadow.step(GZ, GL, skip=failed)", "pass", "a_batch_writes and qr-fp32"),
  ("the shadow not told which cells its model failed", "pitcheck/trajectory/batched.py",
-  "self.shadow.step(GZ, GL, skip=failed)", "self.shadow.step(GZ, GL)", "tests/test_stack_failures.py::told"),
+  "self.shadow.step(GZ, GL, skip=failed)", "self.shadow.step(GZ, GL)", "tests/trajectory/test_stack_failures.py::told"),
  ("cholqr's failed factor left in the stack's solve", "pitcheck/model/retractions/qr.py",
   "    C = replace_failed(C, failed, ops)\n    return ops.contiguous", "    return ops.contiguous",
-  "tests/test_stack_failures.py::stuck_cell"),
+  "tests/trajectory/test_stack_failures.py::stuck_cell"),
  ("a failed factor replaced in row-major layout", "pitcheck/model/retractions/stacked.py",
   "out = C.clone() if ops.torch else C.copy(order=\"K\")", "out = C.contiguous() if ops.torch else C.copy()",
-  "tests/test_stack_failures.py::leaves_the_others_bits"),
+  "tests/trajectory/test_stack_failures.py::leaves_the_others_bits"),
  ("a raising stack counts every cell as failing", "pitcheck/trajectory/batched.py",
   "            if raised and len(run.events) == events:\n                self.failing[k] = 0\n", "",
-  "tests/test_stack_failures.py::raise"),
+  "tests/trajectory/test_stack_failures.py::raise"),
  ("a raising stack never blames the run whose step alone fails", "pitcheck/trajectory/batched.py",
-  "        if blamed:\n            self.raising = 0\n", "", "tests/test_stack_failures.py::raise"),
+  "        if blamed:\n            self.raising = 0\n", "", "tests/trajectory/test_stack_failures.py::raise"),
  ("a stack that keeps raising never gives up", "pitcheck/trajectory/batched.py",
-  " or self.raising >= ALONE_AFTER_FAILURES:", ":", "tests/test_stack_failures.py::keeps_raising"),
+  " or self.raising >= ALONE_AFTER_FAILURES:", ":", "tests/trajectory/test_stack_failures.py::keeps_raising"),
  ("cayley's singular system raises for the stack", "pitcheck/model/retractions/stacked.py",
   "x, info = self.torch.linalg.solve_ex(a, b)",
   "x, info = self.torch.linalg.solve(a, b), self.torch.zeros(a.shape[0], dtype=self.torch.int32)",
-  "tests/test_stack_failures.py::singular_cayley"),
+  "tests/trajectory/test_stack_failures.py::singular_cayley"),
  ("polar-gram's overflowed Gram into the stack's eigh", "pitcheck/model/retractions/polar.py",
   "w, Q = ops.eigh(replace_failed(gram, overflowed, ops))", "w, Q = ops.eigh(gram)",
-  "tests/test_stack_failures.py::overflowing"),
+  "tests/trajectory/test_stack_failures.py::overflowing"),
  ("precision left out of the batch key", "pitcheck/verbs/compare/batches.py",
   "return (config.backend, config.precision, config.retraction,", "return (config.backend, config.retraction,",
   "sweep_hands_out"),
@@ -82,7 +82,7 @@ PLANTS = [
   "        for t, _ in self.beside:\n            t.record()\n", "", "event"),
  ("the runs beside the stack handed the stack's gradients", "pitcheck/trajectory/batched.py",
   "self._step_beside(GZ[n:], GL[n:])", "self._step_beside(GZ[:len(self.beside)], GL[:len(self.beside)])",
-  "tests/test_stack_failures.py::stuck_cell"),
+  "tests/trajectory/test_stack_failures.py::stuck_cell"),
  ("a run that goes beside the stack leaves without the step it failed", "pitcheck/trajectory/batched.py",
   "            events = len(run.events)\n            try:  # on the gradients",
   "            if self.failing[k] >= ALONE_AFTER_FAILURES:\n                self.beside.append((run, self.outcomes[k]))\n"
@@ -100,7 +100,7 @@ for why, path, old, new, sel in [p for p in PLANTS if len(sys.argv) < 2 or sys.a
     assert src.count(old) == 1, (why, old)
     open(path, "w").write(src.replace(old, new))
     try:
-        tests, sel = sel.split("::") if "::" in sel else ("tests/test_batched.py", sel)
+        tests, sel = sel.split("::") if "::" in sel else ("tests/trajectory/test_batched.py", sel)
         r = subprocess.run([".venv/bin/python", "-m", "pytest", "-q", "-x", tests, "-k", sel],
                            capture_output=True, text=True, timeout=600)
         tail = [l for l in r.stdout.splitlines() if l.startswith("FAILED")][:1]

@@ -3,8 +3,9 @@
 (module, original text, mutated text, killing test). run.py --planted applies each to a temporary copy
 and runs its test alone: every one must fail. The original text must occur exactly once in the module.
 """
-M, T = "pitcheck/numerics/metrics.py", "tests/test_metrics.py::"
-CT = "tests/test_commit_thread.py::"
+M, T = "pitcheck/numerics/metrics.py", "tests/numerics/test_metrics.py::"
+CT = "tests/infra/test_commit_thread.py::"
+TR = "tests/model/retractions/test_retractions.py::"
 PLANTED = [
     # pinv_drift and the Penrose residuals from the exact E = Z T^{-1} instead of the computed rows
     (M, "out.update(head_metrics(E, B))", "out.update(head_metrics(Z @ np.linalg.inv(L @ L.T), B))",
@@ -33,33 +34,33 @@ PLANTED = [
     # the policy's u from the storage format only
     ("pitcheck/numerics/policy.py", "return max(FORMATS[self.storage].u, FORMATS[self.matmul].u, placed)",
      "return max(FORMATS[self.storage].u, placed)",
-     "tests/test_policy.py::test_policy_u_is_the_coarsest_of_storage_and_matmul"),
+     "tests/numerics/test_policy.py::test_policy_u_is_the_coarsest_of_storage_and_matmul"),
     # the sign of the softplus inverse
     ("pitcheck/numerics/reference.py", "return y + np.log(-np.expm1(-y))", "return y - np.log(-np.expm1(-y))",
-     "tests/test_reference.py::test_softplus_inverse_sign_and_closed_form"),
+     "tests/numerics/test_reference.py::test_softplus_inverse_sign_and_closed_form"),
     # the tangent projection without its symmetrisation
     ("pitcheck/model/retractions/common.py", "return G - ops.matmul(Z, _sym(ops.matmul(Z.T, G)))",
      "return G - ops.matmul(Z, ops.matmul(Z.T, G))",
-     "tests/test_retractions.py::test_tangent_projection_symmetrises_a_non_symmetric_ZtG"),
+     TR + "test_tangent_projection_symmetrises_a_non_symmetric_ZtG"),
     # polar-ns coefficients changed: a wrong fixed point ...
     ("pitcheck/model/retractions/polar.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.5 * eye - 0.45 * G)",
-     "tests/test_retractions.py::test_polar_retractions_give_the_exact_polar_factor"),
+     TR + "test_polar_retractions_give_the_exact_polar_factor"),
     # ... or the right fixed point reached linearly, not quadratically
     ("pitcheck/model/retractions/polar.py", "Y = ops.matmul(Y, 1.5 * eye - 0.5 * G)", "Y = ops.matmul(Y, 1.4 * eye - 0.4 * G)",
-     "tests/test_retractions.py::test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold"),
+     TR + "test_polar_ns_converges_quadratically_to_full_precision_near_the_manifold"),
     # cayley-iter with one iteration instead of two
     ("pitcheck/model/retractions/cayley.py", "retract_cayley_iter(Z, xi, ops=None, iterations: int = 2)",
      "retract_cayley_iter(Z, xi, ops=None, iterations: int = 1)",
-     "tests/test_retractions.py::test_cayley_iter_two_iterations_in_closed_form"),
+     TR + "test_cayley_iter_two_iterations_in_closed_form"),
     ("pitcheck/model/retractions/cayley.py", "retract_cayley_iter(Z, xi, ops=None, iterations: int = 2)",
      "retract_cayley_iter(Z, xi, ops=None, iterations: int = 1)",
-     "tests/test_retractions.py::test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
+     TR + "test_cayley_iter_truncation_error_is_fourth_order_for_two_iterations"),
 ]
 
 # ---- the emulation, the engine, the gradient models, the run's events, the oracle ----
 A, EN, GR = "pitcheck/numerics/arrays.py", "pitcheck/model/engine.py", "pitcheck/model/gradients.py"
 AMP, HD, OPT = "pitcheck/model/amp.py", "pitcheck/model/heads.py", "pitcheck/model/optim.py"
-TA, TE, TG = "tests/test_arrays.py::", "tests/test_engine.py::", "tests/test_gradients.py::"
+TA, TE, TG = "tests/numerics/test_arrays.py::", "tests/model/test_engine.py::", "tests/model/test_gradients.py::"
 PLANTED += [
     # tf32 operand rounding with ties away from zero instead of to even (the numpy path CPU tensors take) ...
     (A, "y = (bits >> drop) & 1", "y = np.ones_like(bits)", TA + "test_tf32_rounding_of_exact_ties_goes_to_even"),
@@ -99,7 +100,7 @@ PLANTED += [
     ("pitcheck/trajectory/events.py",
      'new = [lv for lv in levels if row[metric] > lv and f"{metric}>{lv:g}" not in raised]',
      "new = [lv for lv in levels if row[metric] > lv]",
-     "tests/test_events.py::test_a_threshold_event_is_recorded_at_the_first_crossing_only"),
+     "tests/trajectory/test_events.py::test_a_threshold_event_is_recorded_at_the_first_crossing_only"),
     # the dense-output model's T-gradient with its sign flipped ...
     (GR, "GT = h.T @ (dlogit @ Z)", "GT = -h.T @ (dlogit @ Z)",
      TG + "test_dense_output_L_gradient_is_the_cross_entropy_gradient_to_fd_truncation"),

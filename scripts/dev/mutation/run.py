@@ -51,13 +51,15 @@ DESELECT = ["-k", "not large_vocabulary and not arbitrary_arrays and not never_f
 # (tests/oracle.py), not a module of pitcheck: it is not mutated here. The test_pins_* names after the
 # module's own test file are the boundary tables not yet folded into it: once folded they no
 # longer exist and are ignored; delete them then.
-RETRACTION_TESTS = ["tests/test_retractions.py", "tests/test_retraction_registry.py",
-                    "tests/test_retractions_frontier.py", "tests/test_qr_by_solve.py"]
+RETRACTION_TESTS = ["tests/model/retractions/test_retractions.py", "tests/model/retractions/test_retraction_registry.py",
+                    "tests/model/retractions/test_retractions_frontier.py",
+                    "tests/model/retractions/test_qr_by_solve.py"]
 # a file with stacked forms beside its maps: the tests that hold those forms to the one-matrix ones too
-STACKED_TESTS = ["tests/test_hostile_retractions.py", "tests/test_stack_failures.py", "tests/test_batched_polar_ns.py"]
+STACKED_TESTS = ["tests/model/retractions/test_hostile_retractions.py", "tests/trajectory/test_stack_failures.py",
+                 "tests/model/retractions/test_batched_polar_ns.py"]
 MODULES: dict[str, list[str]] = {
-    "numerics/metrics": ["tests/test_metrics.py", "tests/test_metrics_validation.py"],
-    "numerics/reference": ["tests/test_reference.py"],
+    "numerics/metrics": ["tests/numerics/test_metrics.py", "tests/numerics/test_metrics_validation.py"],
+    "numerics/reference": ["tests/numerics/test_reference.py"],
     "model/retractions/registry": RETRACTION_TESTS,
     "model/retractions/common": RETRACTION_TESTS,
     "model/retractions/none": RETRACTION_TESTS,
@@ -66,20 +68,20 @@ MODULES: dict[str, list[str]] = {
     "model/retractions/ns5": RETRACTION_TESTS,
     "model/retractions/cayley": RETRACTION_TESTS + STACKED_TESTS,
     "model/retractions/frontier": RETRACTION_TESTS,
-    "numerics/formats": ["tests/test_formats.py"],
-    "numerics/policy": ["tests/test_formats.py", "tests/test_policy.py"],
-    "numerics/scaling": ["tests/test_scaling.py"],
-    "numerics/native_float8": ["tests/test_native_float8.py"],
-    "verbs/validate/checks": ["tests/test_validate_checks.py"],
-    "numerics/arrays": ["tests/test_arrays.py", "tests/test_qr_by_solve.py"],
-    "model/engine": ["tests/test_engine.py"],
-    "model/amp": ["tests/test_engine.py"],
-    "model/optim": ["tests/test_engine.py"],
-    "model/backend": ["tests/test_engine.py"],
-    "model/heads": ["tests/test_engine.py", "tests/test_heads.py"],
-    "model/gradients": ["tests/test_gradients.py", "tests/test_gradient_stream_exact.py"],
-    "trajectory/events": ["tests/test_events.py"],
-    "model/draw_memo": ["tests/test_draw_memo.py"],
+    "numerics/formats": ["tests/numerics/test_formats.py"],
+    "numerics/policy": ["tests/numerics/test_formats.py", "tests/numerics/test_policy.py"],
+    "numerics/scaling": ["tests/numerics/test_scaling.py"],
+    "numerics/native_float8": ["tests/numerics/test_native_float8.py"],
+    "verbs/validate/checks": ["tests/verbs/validate/test_validate_checks.py"],
+    "numerics/arrays": ["tests/numerics/test_arrays.py", "tests/model/retractions/test_qr_by_solve.py"],
+    "model/engine": ["tests/model/test_engine.py"],
+    "model/amp": ["tests/model/test_engine.py"],
+    "model/optim": ["tests/model/test_engine.py"],
+    "model/backend": ["tests/model/test_engine.py"],
+    "model/heads": ["tests/model/test_engine.py", "tests/model/test_heads.py"],
+    "model/gradients": ["tests/model/test_gradients.py", "tests/model/test_gradient_stream_exact.py"],
+    "trajectory/events": ["tests/trajectory/test_events.py"],
+    "model/draw_memo": ["tests/model/test_draw_memo.py"],
 }
 EXCLUDED_OPERATORS = r"^core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$"
 

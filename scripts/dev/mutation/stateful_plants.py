@@ -1,5 +1,5 @@
 """The one-line plants of the stateful placements (results/fp8/STATEFUL.md): each applied in place,
-tests/test_placement_stateful.py run, the file restored; prints the tests each plant turned red (every plant
+tests/numerics/test_placement_stateful.py run, the file restored; prints the tests each plant turned red (every plant
 must turn one red). Run from the repository root with the venv's python; names (P1 ...) pick a subset."""
 import subprocess, sys, re
 PLANTS = [
@@ -45,9 +45,10 @@ for name, path, old, new in PLANTS:
     open(path, "w").write(text.replace(old, new))
     try:
         out = subprocess.run([".venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              "tests/test_placement_stateful.py", "-k", "not sigkill" if "P4" not in name else ""],
+                              "tests/numerics/test_placement_stateful.py",
+                              "-k", "not sigkill" if "P4" not in name else ""],
                              capture_output=True, text=True).stdout
     finally:
         open(path, "w").write(text)
-    failed = sorted(set(re.findall(r"FAILED tests/test_placement_stateful.py::(\S+)", out)))
+    failed = sorted(set(re.findall(r"FAILED tests/numerics/test_placement_stateful.py::(\S+)", out)))
     print(name, "->", failed or "NOTHING RED", "|", out.strip().splitlines()[-1])
