@@ -104,8 +104,8 @@ runloop() {
   timeout -k 10 170 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
       --no-peers --retractions qr,cholqr2,polar --rounds 2 --json "$OUT/bench_cuda.json" 2>&1 | tail -45
   timeout -k 10 50 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
-  timeout -k 10 40 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/test_counter_normal.py \
-      tests/test_factors_float64.py 2>&1 | tail -10
+  timeout -k 10 40 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/numerics/test_counter_normal.py \
+      tests/numerics/test_factors_float64.py 2>&1 | tail -10
   timeout -k 10 30 $PY scripts/measurements/counter_normal_timing.py 2 2>&1 | tail -10
 }
 

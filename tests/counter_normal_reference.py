@@ -4,7 +4,7 @@ The integer part is written independently of the module: Philox's products are t
 (a 32 x 32-bit product fits) instead of from 16-bit limbs, one word at a time, with the key bumped as
 Random123's philox4x32_R does. The float part follows the module's documented recipe operation by
 operation (the same sequence of IEEE-rounded +, -, *, /, which numpy does not fuse), so that the two agree
-bit for bit; tests/test_counter_normal.py separately holds each function within a few ulps of libm.
+bit for bit; tests/numerics/test_counter_normal.py separately holds each function within a few ulps of libm.
 """
 import math
 from fractions import Fraction

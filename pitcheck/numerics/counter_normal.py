@@ -215,7 +215,7 @@ def normals(shape, seed: int, step: int, index: int, *, device="cpu", rows=None)
     step 1 or a (start, stop) pair over shape[0]) draws only those rows, the same bits as the full draw's.
 
     seed and index are 32-bit words (Philox's key), step a 64-bit counter. The same arguments give the same
-    bits at any thread count and in the numpy reference (tests/test_counter_normal.py), and by construction on
+    bits at any thread count and in the numpy reference (tests/numerics/test_counter_normal.py), and by construction on
     CUDA (which that file checks where there is one)."""
     dims = _shape(shape)
     seed = _word("seed", seed, 1 << 32)
