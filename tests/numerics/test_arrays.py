@@ -262,3 +262,19 @@ def test_numpy_triangular_solve_does_not_check_finiteness():
     L = np.array([[2.0, 0.0], [1.0, 1.0]])
     out = NumpyOps().solve_triangular(L, np.array([[np.nan], [1.0]]), lower=True)
     assert np.isnan(out).all()
+
+
+def test_isfinite_all_on_the_torch_reduction_path():
+    """A tensor numpy cannot view (one that requires grad; a CUDA one) is judged by its min and max."""
+    ops = TorchOps()
+    for values, finite in (([1.0, -2.0], True), ([1.0, float("nan")], False), ([float("inf"), 0.0], False),
+                           ([0.0, float("-inf")], False)):
+        x = torch.tensor(values, requires_grad=True)
+        assert ops.isfinite_all(x) is finite
+    assert ops.isfinite_all(torch.zeros(0, requires_grad=True)) is True
+
+
+def test_linalg_errors_name_numpys_and_torchs_factorisation_failures():
+    from pitcheck.numerics.arrays import linalg_errors
+
+    assert linalg_errors() == (np.linalg.LinAlgError, torch.linalg.LinAlgError)

@@ -36,6 +36,9 @@ def test_a_module_level_function_refuses_too_and_names_a_mismatched_step():
         retract_qr(np.ones((8, 4)), np.zeros((8, 3)))
     with pytest.raises(PitcheckError, match="qr: Z must be a V x D array, got a 8 array"):
         retract_qr(np.ones(8), np.zeros(8))
+    # a stack handed to the one-matrix form: its rank is refused, not read as B x V
+    with pytest.raises(PitcheckError, match="qr: Z must be a V x D array, got a 2 x 8 x 4 array"):
+        retract_qr(np.ones((2, 8, 4)), np.zeros((2, 8, 4)))
     with pytest.raises(PitcheckError, match="Z must be a B x V x D array"):
         STACKED_RETRACTIONS["qr"](np.ones((8, 4)), np.zeros((8, 4)), StackedOps(NumpyOps()))
 
