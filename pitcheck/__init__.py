@@ -7,6 +7,7 @@ The public API, one function per question (each has a docstring; the CLI verbs c
     pitcheck.stress(files)                       do drift budgets hold (CI scenarios)
     pitcheck.bench(...)                          cost as ratios to a GEMM floor measured in the same run
     pitcheck.validate("module:factory", dtype)   is a third-party PIT implementation correct
+    pitcheck.convert("smollm2", out, mode=...)   a pretrained tied table in PIT's form, with its certificate
     pitcheck.metrics, pitcheck.retractions, pitcheck.formats: the numerical core
 
 Errors in input are PitcheckError. Names are resolved on first use: `import pitcheck` stays light (no numpy
@@ -28,6 +29,7 @@ _API = {
     "stress": ("verbs.stress", "stress"),
     "bench": ("verbs.bench.benchmark", "bench"),
     "validate": ("verbs.validate", None),  # the subpackage, callable as the function (verbs/validate/__init__.py)
+    "convert": ("verbs.convert", "convert"),
     "metrics": ("numerics.metrics", None),
     "retractions": ("model.retractions", None),
     "formats": ("numerics.formats", None),

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from pitcheck.infra.errors import PitcheckError
-from pitcheck.sources.pretrained.conversion import Conversion, certify, convert_table, error_bound, measure, verdict
+from pitcheck.sources.pretrained.certificate import certify, error_bound, measure, verdict
+from pitcheck.sources.pretrained.conversion import Conversion, convert_table
 from pitcheck.numerics.reference import cholesky_factor, spd_with_condition
 
 

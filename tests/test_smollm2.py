@@ -19,7 +19,8 @@ import torch  # noqa: E402
 from pitcheck.infra.errors import PitcheckError  # noqa: E402
 from pitcheck.sources.pretrained.body import load_smollm2  # noqa: E402
 from pitcheck.sources.pretrained.continued import ContinuedConfig, batch, continued, corpus_tokens  # noqa: E402
-from pitcheck.sources.pretrained.conversion import certify, convert_table  # noqa: E402
+from pitcheck.sources.pretrained.certificate import certify  # noqa: E402
+from pitcheck.sources.pretrained.conversion import convert_table  # noqa: E402
 from pitcheck.sources.pretrained.gguf_tables import SMOLLM2_TABLE, read_gguf_table, smollm2_gguf  # noqa: E402
 
 

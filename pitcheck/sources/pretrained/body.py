@@ -1,6 +1,6 @@
 """SmolLM2-135M's real body (30 Llama blocks, loaded by transformers from the GGUF file) and the heads a
 continued-pretraining run puts on it: the model's own tied table, an untied pair initialised from E0, or
-PIT (nn.PIT from the exact conversion of E0, kept on the manifold by a named retraction).
+PIT (nn.PIT from a conversion of E0 in one of its modes, kept on the manifold by a named retraction).
 
 Every head exposes embed(ids) -> (..., D), logits(h) -> (..., V), parameters() and post_step(); the body
 is the model's LlamaModel run on inputs_embeds, so its own embedding and lm_head are never used.
@@ -78,24 +78,34 @@ class UntiedHead(TiedHead):
 
 
 class PITHead(torch.nn.Module):
-    """PIT from the exact conversion of E0 (pitcheck.nn.PIT: Z, L)."""
+    """PIT from a conversion of E0 (pitcheck.nn.PIT: Z, L); with `scale`, one learned logit scale s outside
+    PIT's formulation (logits s (h T) Z^T, s = exp(log_scale), started at the fitted value)."""
 
-    def __init__(self, Z: np.ndarray, L: np.ndarray, retraction: str, dtype=torch.float32):
+    def __init__(self, Z: np.ndarray, L: np.ndarray, retraction: str, dtype=torch.float32, scale: float | None = None):
         super().__init__()
         from .pit_module import pit_from
 
         self.pit = pit_from(Z, L, dtype=dtype, retraction=retraction)
+        self.log_scale = None
+        if scale is not None:
+            self.log_scale = torch.nn.Parameter(torch.tensor(float(np.log(scale)), dtype=torch.float32))
 
     def embed(self, ids):
         return self.pit.embed(ids).to(torch.float32)
 
     def logits(self, h):
-        return self.pit.logits(h).to(torch.float32)
+        out = self.pit.logits(h).to(torch.float32)
+        return out if self.log_scale is None else out * torch.exp(self.log_scale)
+
+    def scale(self) -> float:
+        """The logit scale s (1 without one)."""
+        return 1.0 if self.log_scale is None else float(torch.exp(self.log_scale.detach()))
 
     def post_step(self) -> None:
         self.pit.post_step()
 
     def tables(self):
+        """(E, (T Z^T)^T): the PIT pair, before the logit scale (W E = s I is T Z^T E = I)."""
         from ...model.nn import memory_as_used
 
         with torch.no_grad():
@@ -107,12 +117,16 @@ class PITHead(torch.nn.Module):
 
 
 def make_head(kind: str, E0: np.ndarray, retraction: str = "qr", conversion=None, dtype=torch.float32):
+    """A head on SmolLM2's body; a PIT head is built from `conversion` (its mode's Z, L and logit scale)."""
     if kind == "tied":
         return TiedHead(torch.from_numpy(E0.astype(np.float32)))
     if kind == "untied":
         return UntiedHead(torch.from_numpy(E0.astype(np.float32)))
     if kind == "pit":
-        return PITHead(conversion.Z, conversion.L, retraction, dtype)
+        from .conversion import get_mode
+
+        scale = conversion.scale if get_mode(conversion.mode).scaled else None
+        return PITHead(conversion.Z, conversion.L, retraction, dtype, scale)
     raise PitcheckError(f"unknown head {kind!r}; choose from {', '.join(HEADS)}")
 
 
