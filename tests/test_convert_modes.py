@@ -1,7 +1,7 @@
 """Conversion modes on small exact cases (random V x D tables, float64 and float32): each mode's identity
 through the reference module's own embed and logits paths, against an independent SVD; each certificate's
 figures within their bounds and judged only where the mode aims; the logit scale's 1-D fit; the verb's
-files."""
+files; a run's start certificate (the teacher hook)."""
 from __future__ import annotations
 
 import argparse
@@ -298,3 +298,33 @@ def test_a_scaled_mode_needs_a_scale_for_a_table_without_a_model(tmp_path):
     cli, args = _cli(str(tmp_path / "e0.npy"), "--out", str(tmp_path / "out"), "--mode", "keep-embedding-scaled")
     with pytest.raises(PitcheckError, match="pass --scale"):
         cli.main(args)
+
+
+# ---- a run's start (the teacher hook) --------------------------------------------------------------------
+
+def test_start_certificate_says_whether_a_run_starts_from_the_conversion(tmp_path):
+    from pitcheck.trajectory.teacher import start_certificate
+
+    E0 = table()
+    exact = convert_table(E0, "keep-embedding")
+    good = start_certificate("m.gguf:token_embd.weight", E0, exact.Z, exact.L)
+    assert good["mode"] == "keep-embedding" and good["verdict"] == "pass" and good["start_is_conversion"]
+    assert good["precisions"]["float64"]["embedding"]["error_u"] < 1e3
+    # the polar factor with T0 = I is not keep-embedding's start: its embedding is judged and fails
+    polar = start_certificate("m.gguf:token_embd.weight", E0, exact.Z, np.eye(16))
+    assert polar["precisions"]["float64"]["embedding"]["verdict"] == "fail" and not polar["start_is_conversion"]
+    # for a .npy teacher the start is the polar factor, T0 = I: the balanced mode, judged so
+    npy = start_certificate(str(tmp_path / "t.npy"), E0, exact.Z, np.eye(16))
+    assert npy["mode"] == "balanced" and npy["verdict"] == "pass" and npy["start_is_conversion"]
+    assert start_certificate("", E0, exact.Z, exact.L) is None
+    json.dumps(good)  # a manifest entry: plain JSON
+
+
+def test_teacher_start_takes_a_mode(tmp_path):
+    from pitcheck.trajectory.teacher import teacher_start
+
+    E0 = table()
+    Z, L = teacher_start("m.gguf:token_embd.weight", E0, "keep-head")
+    assert rel((L @ L.T) @ Z.T, E0.T) < 1e-13
+    Z, L = teacher_start("m.gguf:token_embd.weight", E0)
+    assert rel(Z @ np.linalg.inv(L @ L.T), E0) < 1e-13

