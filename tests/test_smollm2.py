@@ -18,9 +18,9 @@ import torch  # noqa: E402
 
 from pitcheck.infra.errors import PitcheckError  # noqa: E402
 from pitcheck.sources.pretrained.body import load_smollm2  # noqa: E402
-from pitcheck.sources.pretrained.continued import ContinuedConfig, batch, continued, corpus_tokens  # noqa: E402
 from pitcheck.sources.pretrained.certificate import certify  # noqa: E402
 from pitcheck.sources.pretrained.conversion import convert_table  # noqa: E402
+from pitcheck.verbs.convert.continued import ContinuedConfig, batch, continued, corpus_tokens  # noqa: E402
 from pitcheck.sources.pretrained.gguf_tables import SMOLLM2_TABLE, read_gguf_table, smollm2_gguf  # noqa: E402
 
 
@@ -88,3 +88,31 @@ def test_two_step_smoke_and_resume(smollm2, tmp_path):
     with pytest.raises(PitcheckError, match="another configuration"):
         continued(tmp_path / "split", ContinuedConfig(steps=2, **dict(options, lr=2e-4)), model=fresh(smollm2),
                   conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
+
+
+@pytest.mark.parametrize("mode", ["keep-head", "balanced", "sqrt"])
+def test_each_modes_certificate_at_full_size(smollm2, mode):
+    """keep-head's W = E0^T, balanced's and sqrt's W E = I: each judged figure passes in float64 at 49152 x 576."""
+    E0 = smollm2["E0"]
+    f64 = certify(E0, convert_table(E0, mode), ("float64",))["precisions"]["float64"]
+    assert f64["verdict"] == "pass", f64
+    if mode == "keep-head":
+        assert f64["head"]["error"] <= f64["head"]["bound"] <= 0.1 and f64["head"]["error_u"] < 1e3
+    assert f64["inverse"]["error"] <= f64["inverse"]["bound"] <= 0.1
+
+
+def test_scaled_mode_fits_its_scale_on_held_out_text_and_records_its_certificate(smollm2, tmp_path):
+    """keep-embedding-scaled: the fitted logit scale lowers the step-0 held-out loss below keep-embedding's
+    (on evaluation windows it was not fitted on), and the run's manifest holds the certificate with s."""
+    options = dict(head="pit", seq_len=8, sequences=2, eval_sequences=2, record_every=1, checkpoint_every=1)
+    plain = continued(tmp_path / "plain", ContinuedConfig(steps=0, **options), model=fresh(smollm2),
+                      E0=smollm2["E0"], progress=False)
+    scaled = continued(tmp_path / "scaled", ContinuedConfig(steps=1, mode="keep-embedding-scaled", **options),
+                       model=fresh(smollm2), E0=smollm2["E0"], progress=False)
+    assert scaled[0]["heldout_loss"] < plain[0]["heldout_loss"] - 1
+    cert = json.loads((tmp_path / "scaled" / "manifest.json").read_text())["conversion"]
+    assert cert["mode"] == "keep-embedding-scaled" and cert["scale"] > 1
+    assert scaled[0]["logit_scale"] == pytest.approx(cert["scale"], rel=1e-6)
+    f32 = cert["precisions"]["float32"]
+    assert f32["embedding"]["error_u"] < 100 and f32["inverse"]["error"] < 1e-4
+    assert json.loads((tmp_path / "plain" / "manifest.json").read_text())["conversion"]["mode"] == "keep-embedding"

@@ -1,10 +1,13 @@
-"""Continued pretraining of SmolLM2 with its tied head, an untied head from E0, or PIT from the exact
-conversion of E0, on the pydoc corpus tokenised by SmolLM2's own tokenizer.
+"""Continued pretraining of SmolLM2 with its tied head, an untied head from E0, or PIT from a conversion of
+E0 in one of its modes (pitcheck.sources.pretrained.conversion), on the pydoc corpus tokenised by SmolLM2's
+own tokenizer.
 
 Batches are a function of (seed, step) alone, so every head sees the same tokens and a resumed run the
 same batches. Each recorded step has the batch's training loss, the held-out loss (fixed windows of the
 held-out text) and the interface metrics: ||W E - I||_F (pinv drift; for the baselines W = B^T, which no
-training keeps a pseudo-inverse) and, for PIT, ||Z^T Z - I||_F of Z as used and cond(T). The run
+training keeps a pseudo-inverse; for PIT, of the pair before a mode's logit scale s, i.e. ||W E - s I||_F / s),
+for PIT ||Z^T Z - I||_F of Z as used and cond(T), and the logit scale s of a scaled mode. A PIT run's manifest
+holds its conversion's certificate in the run's precision (the mode, residuals and bounds). The run
 directory (pitcheck.infra.rundir) commits the metrics with a checkpoint (every trainable parameter and the
 optimizer's moments) every `checkpoint_every` steps: a SIGKILL loses at most the steps since, which the
 resumed run recomputes identically.
@@ -12,7 +15,6 @@ resumed run recomputes identically.
 from __future__ import annotations
 
 import csv
-import functools
 import io
 from dataclasses import asdict, dataclass
 
@@ -20,20 +22,22 @@ import numpy as np
 import torch
 
 from ...infra.errors import PitcheckError
-from ...numerics.metrics import orthonormality_loss, pinv_drift
 from ...infra.progress import Progress
 from ...infra.rundir import CHECKPOINT, MANIFEST, METRICS, RunDir, manifest_bytes, npz_bytes
-from .body import HEADS, BodyWithHead, load_smollm2, make_head, smollm2_tokenizer
+from ...numerics.metrics import orthonormality_loss, pinv_drift
+from ...sources.pretrained.body import HEADS, BodyWithHead, load_smollm2, make_head
+from ...sources.pretrained.conversion import DEFAULT_MODE, get_mode
+from .text import batch, corpus_tokens, heldout_windows  # noqa: F401 (batch and corpus_tokens: the run's text)
 
-BATCH_STREAM = 2**31 + 201  # apart from every other stream of the package
 PRECISIONS = {"fp32": None, "bf16-mixed": torch.bfloat16}  # autocast dtype of the body; fp32 masters
-COLUMNS = ["step", "train_loss", "heldout_loss", "pinv_drift", "orthonormality", "cond_T"]
+COLUMNS = ["step", "train_loss", "heldout_loss", "pinv_drift", "orthonormality", "cond_T", "logit_scale"]
 
 
 @dataclass(frozen=True)
 class ContinuedConfig:
     head: str = "pit"  # tied, untied or pit
     retraction: str = "qr"  # PIT's (ignored by the baselines)
+    mode: str = DEFAULT_MODE  # PIT's conversion mode (ignored by the baselines)
     precision: str = "fp32"  # fp32, or bf16-mixed: the body under bf16 autocast, PIT's Z used in bf16
     steps: int = 20
     seq_len: int = 32
@@ -55,41 +59,26 @@ class ContinuedConfig:
                 raise PitcheckError(f"{name} must be a positive integer, got {value!r}")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
             raise PitcheckError(f"lr must be a positive finite number, got {self.lr!r}")
+        get_mode(self.mode)
         if self.head == "pit":
             from ...model.retractions import get_retraction
 
             get_retraction(self.retraction)
 
     def label(self) -> str:
-        return f"pit-{self.retraction}" if self.head == "pit" else self.head
-
-
-@functools.lru_cache(maxsize=1)
-def corpus_tokens() -> tuple[np.ndarray, np.ndarray]:
-    """(training, held-out) token ids of the pydoc text (pitcheck.sources.lm.corpus's split), SmolLM2's tokenizer."""
-    from ..lm.corpus import split_text
-
-    tok = smollm2_tokenizer()
-    return tuple(np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-                 for text in split_text())
-
-
-def batch(tokens: np.ndarray, config: ContinuedConfig, step: int) -> torch.Tensor:
-    rng = np.random.default_rng([config.seed, step, BATCH_STREAM])
-    starts = rng.integers(0, len(tokens) - config.seq_len - 1, size=config.sequences)
-    return torch.from_numpy(np.stack([tokens[s:s + config.seq_len + 1] for s in starts]))
-
-
-def heldout_windows(tokens: np.ndarray, config: ContinuedConfig) -> torch.Tensor:
-    starts = np.linspace(0, len(tokens) - config.seq_len - 1, config.eval_sequences).astype(np.int64)
-    return torch.from_numpy(np.stack([tokens[s:s + config.seq_len + 1] for s in starts]))
+        """tied, untied, pit-RETRACTION (the default mode) or pit-RETRACTION-MODE."""
+        if self.head != "pit":
+            return self.head
+        return f"pit-{self.retraction}" + ("" if self.mode == DEFAULT_MODE else f"-{self.mode}")
 
 
 def interface(model: BodyWithHead) -> dict:
     E, B = (t.numpy() for t in model.head.tables())
-    out = {"pinv_drift": pinv_drift(E, B), "orthonormality": float("nan"), "cond_T": float("nan")}
+    out = {"pinv_drift": pinv_drift(E, B), "orthonormality": float("nan"), "cond_T": float("nan"),
+           "logit_scale": float("nan")}
     pit = getattr(model.head, "pit", None)
     if pit is not None:
+        out["logit_scale"] = model.head.scale()
         from ...model.nn import memory_as_used
 
         with torch.no_grad():
@@ -98,6 +87,19 @@ def interface(model: BodyWithHead) -> dict:
             s = torch.linalg.svdvals(pit.L.to(torch.float64))
         out["cond_T"] = float((s[0] / s[-1]) ** 2)
     return out
+
+
+def convert_for(config: ContinuedConfig, E0: np.ndarray, model):
+    """E0's conversion in the config's mode; a scaled mode's logit scale fitted on the held-out calibration
+    windows with the model as it is (call it before any training)."""
+    from ...sources.pretrained.conversion import convert_table
+
+    if not get_mode(config.mode).scaled:
+        return convert_table(E0, config.mode)
+    from .calibrate import fit_scale
+
+    fitted = fit_scale(convert_table(E0), model, seq_len=config.seq_len, eval_sequences=config.eval_sequences)
+    return convert_table(E0, config.mode, fitted["scale"])
 
 
 class Trainer:
@@ -110,10 +112,10 @@ class Trainer:
             model = load_smollm2()
         if E0 is None:
             E0 = model.get_input_embeddings().weight.detach().to(torch.float64).numpy()
+        self.E0 = E0
         if conversion is None and config.head == "pit":
-            from .conversion import convert_table
-
-            conversion = convert_table(E0)
+            conversion = convert_for(config, E0, model)
+        self.conversion = conversion
         dtype = torch.bfloat16 if config.precision == "bf16-mixed" else torch.float32
         torch.manual_seed(config.seed)
         self.model = BodyWithHead(model, make_head(config.head, E0, config.retraction, conversion, dtype))
@@ -159,12 +161,22 @@ class Trainer:
                                            "exp_avg_sq": torch.from_numpy(state[f"adam.{i}.exp_avg_sq"]).clone()}
 
 
+def start_certificate(trainer: Trainer, config: ContinuedConfig) -> dict:
+    """The certificate of the conversion the PIT head starts from, for the module in the run's precision
+    (bfloat16 Z under bf16-mixed), with the fitted logit scale of a scaled mode; without the Penrose residuals
+    (`pitcheck convert` has them), so that a start or resume costs seconds."""
+    from ...sources.pretrained.certificate import certify
+
+    dtype = "bfloat16" if config.precision == "bf16-mixed" else "float32"
+    return certify(trainer.E0, trainer.conversion, (dtype,), source="smollm2", penrose=False)
+
+
 def metrics_bytes(rows: list[dict]) -> bytes:
     out = io.StringIO()
     w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
-    for r in rows:
-        w.writerow({k: (int(r[k]) if k == "step" else repr(float(r[k]))) for k in COLUMNS})
+    for r in rows:  # a row of a run written before a column existed has NaN there
+        w.writerow({k: (int(r[k]) if k == "step" else repr(float(r.get(k, float("nan"))))) for k in COLUMNS})
     return out.getvalue().encode()
 
 
@@ -183,11 +195,15 @@ def continued(out, config: ContinuedConfig, *, model=None, conversion=None, E0=N
         rows, start = [], 0
         if rd.record is not None:
             held = dict(rd.read_manifest()["config"]["continued"], steps=config.steps)  # a run may be extended
+            held.setdefault("mode", DEFAULT_MODE)  # a run written before the modes existed had the default
             if held != asdict(config):
                 raise PitcheckError(f"{rd.path} holds a run of another configuration; choose another --out")
             manifest["config"]["continued"] = held
             rows, start = read_rows(rd.path / METRICS), rd.record["step"]
         trainer = Trainer(config, model, conversion, E0)
+        if trainer.conversion is not None:  # measured once, at the run's start; a resume keeps it
+            held_cert = rd.read_manifest().get("conversion") if rd.record is not None else None
+            manifest["conversion"] = held_cert or start_certificate(trainer, config)
         if start:
             trainer.load_state(rd.read_checkpoint())
         elif not rows:
