@@ -78,18 +78,22 @@ PANELS = (("heldout_loss", "held-out loss (nats/token)", False), ("pinv_drift", 
 
 
 def plot_study(out: Path, curves: dict[str, list[dict]], stem: str = "smollm2", panels=PANELS[:3]) -> list[str]:
+    """One panel per metric (2 x 2 for four), each run one colour in every panel."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
-    for ax, (key, title, log) in zip(axes, panels):
-        for label, rows in curves.items():
-            pts = [(r["step"], r[key]) for r in rows if r.get(key, math.nan) == r.get(key, math.nan)]
+    cols = 2 if len(panels) == 4 else len(panels)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
+    colours = {label: f"C{i % 10}" for i, label in enumerate(curves)}
+    for ax, (key, title, log) in zip(axes.flat, panels):
+        for label, rows_ in curves.items():
+            pts = [(r["step"], r[key]) for r in rows_ if r.get(key, math.nan) == r.get(key, math.nan)]
             if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3, label=label)
+                ax.plot(*zip(*pts), marker="o", ms=3, label=label, color=colours[label])
         ax.set_title(title)
         ax.set_xlabel("step")
         if log:
             ax.set_yscale("log")
-    axes[0].legend(fontsize=7)
+    axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
     return save_png_and_svg(plt, fig, out, stem)
 
