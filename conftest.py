@@ -16,7 +16,7 @@ E2E_MODULES = {
     "tests/model/sharded/test_sharded.py", "tests/model/sharded/test_nn_sharded.py",
     "tests/scripts/test_gpu_scripts.py", "tests/scripts/test_mutation_subset.py",
     "tests/scripts/test_validate_cuda_zoo.py",
-    "tests/sources/test_lm.py", "tests/test_smollm2.py",
+    "tests/sources/test_lm.py", "tests/sources/test_smollm2.py",
     "tests/trajectory/test_shadow_device.py", "tests/trajectory/test_sharded_run.py",
     "tests/verbs/stress/test_stress_sharded.py", "tests/verbs/stress/test_stress_target.py",
     "tests/verbs/validate/test_validate.py", "tests/verbs/validate/test_validate_cuda_context.py",
