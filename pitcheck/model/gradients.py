@@ -85,6 +85,10 @@ def default_params(name: str) -> dict:
 
 def parse_adversary(spec: str) -> list[str]:
     """The gradient models an adversary spec ("gaussian,dense_output") sums; a run resolves it once (its plan)."""
+    return _model_names(spec)
+
+
+def _model_names(spec: str) -> list[str]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise PitcheckError("empty --adversary; choose from " + ", ".join(GRADIENT_MODELS))
@@ -104,9 +108,7 @@ def gradient(spec: str | list[str], Z, L, seed: int, step: int, params: Adversar
 
     `stream` > 0 draws an independent copy of the whole stream (an untied head's second table).
     """
-    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else spec
-    for n in names:
-        check_model(n)
+    names = _model_names(spec) if isinstance(spec, str) else spec
     GZ = np.zeros_like(Z)
     GL = np.zeros_like(L)
     # a state that has overflowed gives non-finite gradients: the engine records them as an event (a skipped
