@@ -140,6 +140,14 @@ def pair_axes(plt, n: int, width: float, shared: bool):
     return fig, pairs
 
 
+
+def draw_pair(top, bottom, curves: dict, style, label: str, handles: dict) -> None:
+    """One curve's ||Z^T Z - I||_F band in the upper panel and its ||W E - I||_F band in the lower; the upper
+    band's handle kept for the figure's one legend (the first of each label)."""
+    handles.setdefault(label, draw_band(top, curves["steps"], curves["orthonormality"], style.colour, style.marker,
+                                        label))
+    draw_band(bottom, curves["steps"], curves["pinv_drift"], style.colour, style.marker, label)
+
 class SweepFigures:
     """The three figures of one sweep's cells on disk, each showing the first value of every grid axis but
     retraction, precision and adversary."""
@@ -178,10 +186,8 @@ class SweepFigures:
                 k = self.key(ret, prec, adv)
                 if k not in self.data:
                     continue
-                d, style = self.data[k], precision_style(prec)
-                handles.setdefault(prec, draw_band(top, d["steps"], d["orthonormality"], style.colour, style.marker,
-                                                   prec))
-                draw_band(bottom, d["steps"], d["pinv_drift"], style.colour, style.marker, prec)
+                style = precision_style(prec)
+                draw_pair(top, bottom, self.data[k], style, prec, handles)
                 top.axhline(self.by_key[k]["floor"], color=style.colour, ls="--", lw=0.7)
             top.set_title(self.title(ret, adv))
         for top, bottom in axes[:1]:
@@ -207,10 +213,7 @@ class SweepFigures:
                 k = self.key(ret, prec, adv)
                 if k not in self.data:
                     continue
-                d, style = self.data[k], retraction_style(ret)
-                handles.setdefault(ret, draw_band(top, d["steps"], d["orthonormality"], style.colour, style.marker,
-                                                  ret))
-                draw_band(bottom, d["steps"], d["pinv_drift"], style.colour, style.marker, ret)
+                draw_pair(top, bottom, self.data[k], retraction_style(ret), ret, handles)
                 floor = self.by_key[k]["floor"]
             if floor is not None:
                 top.axhline(floor, color="black", ls="--", lw=0.7)
