@@ -30,8 +30,12 @@ def add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int
     p.add_argument("--vocab", type=int, default=None, help=f"V (default {vocab}, or the teacher's rows)")
     p.add_argument("--dim", type=int, default=None, help=f"D (default {dim}, or the teacher's columns)")
     p.set_defaults(default_shape=(vocab, dim))
-    p.add_argument("--teacher", default="", metavar="FILE.npy|FILE.safetensors:TENSOR",
-                   help="start Z at the polar factor of this V x D teacher embedding instead of at random")
+    p.add_argument("--teacher", default="", metavar="FILE.npy|FILE.safetensors:TENSOR|FILE.gguf:TENSOR|smollm2",
+                   help="start from this V x D embedding table instead of at random: a GGUF table's exact PIT "
+                        "form (--teacher-mode), a .npy or safetensors table's polar factor")
+    p.add_argument("--teacher-mode", default="", metavar="MODE",
+                   help="the conversion the teacher's start is: keep-embedding (a GGUF teacher's default: "
+                        "E = E0), keep-head, balanced (T0 = I; a table's default), sqrt (pitcheck convert --help)")
     p.add_argument("--cond", type=float, default=DEFAULTS.cond, help="condition number of the initial T")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--device", default=DEFAULTS.device,

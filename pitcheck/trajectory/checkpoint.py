@@ -75,6 +75,9 @@ def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs
         "platform": platform.platform(),
         "resumed_from": resumed_from,
         **inputs,
+        # a teacher run's start: its conversion mode and certificate (teacher.start_certificate); None without
+        # a teacher, or from a table's polar factor with the run's own T0
+        **({"conversion": pair.start_certificate} if config.teacher else {}),
     }
 
 

@@ -55,7 +55,8 @@ class RunConfig:
     vocab: int = 1024
     dim: int = 32
     cond: float = 1.0  # condition number of the initial T (1: T = I as in the paper)
-    teacher: str = ""  # FILE.npy or FILE.safetensors:TENSOR: Z0 is the polar factor of this V x D embedding
+    teacher: str = ""  # a V x D embedding table the run starts from (teacher.py: FILE.npy, FILE.gguf:TENSOR, ...)
+    teacher_mode: str = ""  # the conversion of the teacher's start ("": teacher.start_mode's default)
     seed: int = 0
     device: str = "auto"
     records_per_decade: int = 10
@@ -82,7 +83,8 @@ class RunConfig:
 
         here: also that it can run on this machine (the CUDA device it names is present). A stress file
         checks its scenarios without it (a CUDA scenario is skipped, not refused, without a GPU)."""
-        for name in ("backend", "precision", "retraction", "adversary", "head", "optimizer", "teacher", "device"):
+        for name in ("backend", "precision", "retraction", "adversary", "head", "optimizer", "teacher", "teacher_mode",
+                     "device"):
             if not isinstance(getattr(self, name), str):
                 raise PitcheckError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not isinstance(self.shadow, (bool, np.bool_)):
@@ -97,6 +99,8 @@ class RunConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise PitcheckError(f"{name} must be a number, got {value!r}")
         check_shapes(self.vocab, self.dim)
+        if self.teacher_mode and not self.teacher:
+            raise PitcheckError(f"--teacher-mode {self.teacher_mode} converts a teacher: give --teacher")
         if self.backend not in ("numpy", "torch"):
             raise PitcheckError(f"unknown backend {self.backend!r}; choose numpy or torch")
         plan = self.resolve()
@@ -113,6 +117,10 @@ class RunConfig:
         if not (math.isfinite(self.cond) and 1 <= self.cond <= MAX_COND):
             raise PitcheckError(f"--cond must be a number in [1, {MAX_COND:.0e}] (float64 cannot hold a more "
                                 f"ill-conditioned T0), got {self.cond}")
+        if plan.teacher_mode and self.cond != 1:
+            raise PitcheckError(f"--cond {self.cond:g} sets T0, which the teacher's conversion "
+                                f"({plan.teacher_mode}) fixes; drop --cond, or give a .npy or safetensors "
+                                "teacher, whose start is its polar factor with any T0")
         if self.records_per_decade < 1:
             raise PitcheckError("records_per_decade must be >= 1")
         if self.backend == "numpy" and self.precision != "fp64":
@@ -129,7 +137,8 @@ class RunConfig:
             ignored = [opt for opt, given in (("--retraction", self.retraction != RunConfig.retraction),
                                               ("--reproject-every", self.reproject_every != 0),
                                               ("--reproject-threshold", self.reproject_threshold != 0),
-                                              ("--cond", self.cond != 1)) if given]
+                                              ("--cond", self.cond != 1),
+                                              ("--teacher-mode", bool(self.teacher_mode))) if given]
             if ignored:
                 raise PitcheckError(f"--head {self.head} has no retraction, re-projection or T: "
                                     f"{', '.join(ignored)} only make sense with --head pit")
@@ -148,6 +157,8 @@ class RunConfig:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        if not self.teacher_mode:  # a run without one has the config it had before the option existed
+            d.pop("teacher_mode")
         if self.shards == 1:  # an unsharded run's config (and a sweep cell's name) is what it was before
             for name in SHARDING_FIELDS:
                 d.pop(name)

@@ -16,6 +16,7 @@ from ..model.gradients import parse_adversary
 from ..model.heads import get_head
 from ..numerics.policy import Policy, get_policy
 from ..sources.stateful import StatefulSource, stateful_source
+from .teacher import start_mode
 
 # 'auto' puts a run on CUDA only from this many entries of Z (V x D) up: below it a GPU step is kernel launches
 # and synchronisations. Measured on an H100 machine (scripts/measurements/device_crossover.py, results/gpu/h100/crossover.json;
@@ -60,6 +61,9 @@ class Plan:
     source: StatefulSource | None  # the stateful gradient source the adversary names, if any
     settings: StepSettings  # retraction, optimizer, learning rate, re-projection
     sharding: Sharding
+    # the conversion mode the teacher's start is (teacher.start_mode), None: no teacher, or a table's polar
+    # factor with the run's own T0
+    teacher_mode: str | None = None
 
     @property
     def adaptive(self) -> bool:
@@ -86,7 +90,11 @@ def head_named(head: str) -> type:
 def resolve(config) -> Plan:
     """The plan of a config whose fields have their types (RunConfig.validate checks them first); a one-line
     PitcheckError for a name no registry holds."""
+    head = head_named(config.head)
     return Plan(config=config, policy=policy_named(config.precision), reference_policy=policy_named("fp64"),
-                head=head_named(config.head), adversaries=tuple(parse_adversary(config.adversary)),
+                head=head, adversaries=tuple(parse_adversary(config.adversary)),
                 source=stateful_source(config.adversary), settings=config.settings(),
-                sharding=Sharding(config.shards, config.pad_multiple, config.allreduce_dtype))
+                sharding=Sharding(config.shards, config.pad_multiple, config.allreduce_dtype),
+                # the baselines start from the teacher's polar factor alone: they have no T to convert into
+                teacher_mode=start_mode(config.teacher, config.teacher_mode, config.cond) if head.has_retraction
+                else None)

