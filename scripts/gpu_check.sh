@@ -10,7 +10,8 @@
 # before `auto` kept small cells on the CPU), zoo (every module of tests/zoo through `pitcheck validate --device
 # cuda` in float32 and bfloat16: correct_* must pass, broken_* fail their check; $OUT/zoo/zoo.md, whose
 # timeouts name their slowest phases), runloop (the run loop's costs and accuracy on CUDA: `pitcheck bench --device cuda`
-# with a run step, a metrics row and a commit timed apart at 8192 x 128, 32768 x 512 and 49152 x 576; each exact map's
+# with a run step, a metrics row and a commit timed apart at 8192 x 128, 32768 x 512 and 49152 x 576, on the host's
+# gradient stream and on the counter stream drawn on the GPU; each exact map's
 # distance from the manifold on CUDA against the CPU; the counter-based normals and the float64 factorisations on
 # CUDA). Each section has its own time limit (LIMIT below), so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
@@ -27,7 +28,7 @@ header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
 # each section's time limit in seconds (validate: two runs of half each); a lent machine's call is cut at
 # CALL_LIMIT, so the sections named in one call should sum below it
 declare -A LIMIT=([tests]=120 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
-                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=290)
+                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300)
 CALL_LIMIT=${CALL_LIMIT:-600}
 # zoo: validations at once (each its own process and CUDA context) and each one's own limit
 ZOO_JOBS=${ZOO_JOBS:-8}
@@ -101,12 +102,14 @@ zoo() {
 }
 runloop() {
   header "the run loop on CUDA: bench --device cuda (step, metrics row, commit apart); accuracy against the CPU; normals"
-  timeout -k 10 170 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
+  # the host's numpy gradient stream, then the counter stream drawn on the GPU (--gradient-stream counter)
+  timeout -k 10 110 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
       --no-peers --retractions qr,cholqr2,polar --rounds 2 --json "$OUT/bench_cuda.json" 2>&1 | tail -45
-  timeout -k 10 50 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
+  timeout -k 10 90 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
+      --no-peers --retractions qr,cholqr2 --rounds 2 --gradient-stream counter --json "$OUT/bench_cuda_counter.json" 2>&1 | tail -30
+  timeout -k 10 45 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
   timeout -k 10 40 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/numerics/test_counter_normal.py \
-      tests/numerics/test_factors_float64.py 2>&1 | tail -10
-  timeout -k 10 30 $PY scripts/measurements/counter_normal_timing.py 2 2>&1 | tail -10
+      tests/numerics/test_factors_float64.py tests/model/test_counter_stream.py 2>&1 | tail -10
 }
 
 SECTIONS=("$@")

@@ -43,6 +43,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", metavar="DEVICE",
                    help="cpu (default), cuda, cuda:N or auto: where every case runs; on CUDA each is timed as wall time "
                         "between synchronisations, and the peers and numpy's GEMM (CPU comparisons) are not run")
+    p.add_argument("--gradient-stream", default="numpy", choices=["numpy", "counter"],
+                   help="the stream the steps and the whole run step draw from (pitcheck run --gradient-stream)")
     p.add_argument("--grid", action="store_true", help="also cost the default compare grid: its cells per second "
                                                        "(each cost class built and timed as a run, and each of compare's batches as one stack; "
                                                        "about two minutes)")
@@ -57,7 +59,7 @@ def main(args) -> int:
         check_writable(files=[("--json", args.json)], dirs=[("--out", args.out)])
         doc = bench(args.shape, quick=args.quick, rounds=args.rounds, retractions=names, peers=not args.no_peers,
                     steps=not args.no_steps, json_path=args.json, out=args.out, progress=True, grid=args.grid,
-                    device=args.device)
+                    device=args.device, gradient_stream=args.gradient_stream)
     except PitcheckError as exc:
         print(f"pitcheck bench: error: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from ..infra.errors import PitcheckError
 
 def add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int) -> None:
     from ..model.engine import OPTIMIZERS
-    from ..model.gradients import GRADIENT_MODELS
+    from ..model.gradients import GRADIENT_MODELS, GRADIENT_STREAMS
     from ..trajectory import GPU_MIN_ELEMENTS, RunConfig as DEFAULTS  # the dataclass: its defaults as class attributes
 
     p.add_argument("--adversary", default=DEFAULTS.adversary,
@@ -37,6 +37,10 @@ def add_run_options(p: argparse.ArgumentParser, steps: int, vocab: int, dim: int
                    help="the conversion the teacher's start is: keep-embedding (a GGUF teacher's default: "
                         "E = E0), keep-head, balanced (T0 = I; a table's default), sqrt (pitcheck convert --help)")
     p.add_argument("--cond", type=float, default=DEFAULTS.cond, help="condition number of the initial T")
+    p.add_argument("--gradient-stream", default=DEFAULTS.gradient_stream, choices=GRADIENT_STREAMS,
+                   help="where the gradient models draw: numpy (float64 on the host; every model) or counter "
+                        "(counter-based float64 normals on the run's device, the same bits on CPU and CUDA; "
+                        "gaussian only)")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--device", default=DEFAULTS.device,
                    help=f"auto (CUDA when present and V x D is at least {GPU_MIN_ELEMENTS}: a smaller Z steps faster "

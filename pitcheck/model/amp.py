@@ -14,10 +14,23 @@ from ..numerics.formats import FORMATS, overflow_threshold, round_to
 LOSS_SCALE_INIT, LOSS_SCALE_GROWTH_INTERVAL = 2.0**16, 2000
 
 
-def fits(scaled: np.ndarray, fmt: str) -> bool:
-    """Whether every entry of `scaled` is finite once cast to format fmt."""
+def all_finite(g) -> bool:
+    """Whether every entry of a numpy array or a torch tensor (on any device) is finite."""
+    if isinstance(g, np.ndarray):
+        return bool(np.isfinite(g).all())
+    import torch  # a tensor's: torch is imported already
+
+    return bool(torch.isfinite(g).all())
+
+
+def fits(scaled, fmt: str) -> bool:
+    """Whether every entry of `scaled` (a numpy array, or a torch tensor on any device) is finite once cast to
+    format fmt."""
     # an entry overflows exactly when the largest magnitude rounds to infinity in that format
-    peak = np.abs(scaled).max(initial=0.0)
+    if isinstance(scaled, np.ndarray):
+        peak = np.abs(scaled).max(initial=0.0)
+    else:  # one scalar crosses to the host
+        peak = float(scaled.abs().max()) if scaled.numel() else 0.0
     threshold = overflow_threshold(fmt)
     if threshold is None:
         return bool(np.isfinite(round_to(np.array([peak]), FORMATS[fmt])[0]))

@@ -89,3 +89,13 @@ class ArrayBackend:
 
     def numpy(self, x) -> np.ndarray:
         return self.ops.to_numpy(x)
+
+    @property
+    def draw_device(self) -> str:
+        """Where the counter gradient stream draws for this backend: its device (the CPU for numpy)."""
+        return self.device
+
+    def drawn(self, tensors: tuple) -> tuple:
+        """Float64 torch draws (on draw_device) as this backend holds gradients: numpy arrays for numpy (the
+        CPU tensors' own memory), the tensors themselves for torch."""
+        return tuple(t.numpy() for t in tensors) if self.name == "numpy" else tuple(tensors)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .amp import LossScaler, fits
+from .amp import LossScaler, all_finite, fits
 from .backend import ArrayBackend, resolve_device  # noqa: F401  (resolve_device: part of this module's API)
 from ..infra.errors import PitcheckError
 from .heads import PitHead, StateBreakdown  # noqa: F401  (StateBreakdown: raised by step)
@@ -50,8 +50,10 @@ class Engine:
     """A head's parameters under a policy: master copy, optimizer moments, loss scale, steps."""
 
     def __init__(self, backend: str, policy: Policy, settings: StepSettings, device: str = "auto",
-                 head: type = PitHead, seed: int = 0):
-        """head: the head's class (heads.HEAD_TYPES; a run's plan resolves its name); `self.head` is its name."""
+                 head: type = PitHead, seed: int = 0, gradient_stream: str = "numpy"):
+        """head: the head's class (heads.HEAD_TYPES; a run's plan resolves its name); `self.head` is its name.
+        gradient_stream: where the stateless models draw (gradients.GRADIENT_STREAMS)."""
+        self.gradient_stream = gradient_stream
         self.arrays = ArrayBackend(backend, policy, device)
         self.backend, self.device = backend, self.arrays.device
         self.ops, self.emulated = self.arrays.ops, self.arrays.emulated
@@ -162,7 +164,7 @@ class Engine:
 
     def model_gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
         """The stateless models' gradients (zero for none), evaluated at the stored model."""
-        return self.model.model_gradients(names, seed, step, params, probe)
+        return self.model.model_gradients(names, seed, step, params, probe, stream=self.gradient_stream)
 
     def gradient_in_format(self, G: np.ndarray):
         """G (times the loss scale) in the gradient format, and whether it fits without overflow."""
@@ -175,6 +177,8 @@ class Engine:
         # a step whose arithmetic overflows is found non-finite and recorded as an event (a skipped step);
         # numpy's warnings on the way would print pitcheck's source lines beside it
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            if self.backend == "numpy":  # a counter stream's CPU tensors, viewed as the arrays they hold
+                grads = {k: np.asarray(g, dtype=np.float64) for k, g in grads.items()}
             return self._step(grads, step_index)
 
     def _step(self, grads: dict, step_index: int) -> list[dict]:
@@ -201,7 +205,7 @@ class Engine:
     def _admit(self, grads: dict) -> tuple[dict | None, list[dict]]:
         """Gradients in the factor dtype, unscaled; or None and the event when the step must be skipped."""
         p = self.policy
-        if not all(np.isfinite(g).all() for g in grads.values()):
+        if not all(map(all_finite, grads.values())):
             return None, [{"event": "nonfinite_gradient", "action": "step skipped"}]
         cast = {k: self.gradient_in_format(g) for k, g in grads.items()}
         if not all(ok for _, ok in cast.values()):

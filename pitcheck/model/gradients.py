@@ -7,6 +7,12 @@ numpy for every backend, so a low-precision torch run and its float64 shadow see
 Models compose by summing: "dense_output,spike" is the dense output gradient plus occasional bursts.
 Each component draws from its own stream, seeded by (seed, step, component index): a run resumed at
 any step regenerates exactly the gradients it would have seen.
+
+Two streams (a run's `gradient_stream`): "numpy", the float64 numpy draw above on the host, which every
+model has; and "counter", for the models whose draw reads no state of the model (their record's `counter`
+form): standard normals from pitcheck.numerics.counter_normal, a pure function of (seed, step, key) drawn in
+float64 where the run computes, the same bits on the CPU and on CUDA, with no V x D array crossing to or
+from the host. The two streams are different numbers: a run names the one it draws.
 """
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ FP64_U = 2.0**-53
 GRADIENT_MODELS: dict[str, Callable] = {}
 # the AdversaryParams fields each model reads
 MODEL_PARAMETERS: dict[str, tuple[str, ...]] = {}
+# each model's form on the counter stream, where it has one: f(shapes, seed, step, key, device) -> (G_Z, G_L)
+COUNTER_FORMS: dict[str, Callable] = {}
+GRADIENT_STREAMS = ("numpy", "counter")
 
 
 @dataclass(frozen=True)
@@ -62,8 +71,11 @@ def check_adversary_params(params: AdversaryParams) -> None:
             raise PitcheckError(f"{label} is a probability: it must be in [0, 1], got {value!r}")
 
 
-def register(name: str, params: tuple[str, ...] = ()):
-    """Register a model under name; `params`: the AdversaryParams fields it reads."""
+def register(name: str, params: tuple[str, ...] = (), counter: Callable | None = None):
+    """Register a model under name; `params`: the AdversaryParams fields it reads; `counter`: its form on the
+    counter stream, if it has one. A name is registered once."""
+    if name in GRADIENT_MODELS:
+        raise PitcheckError(f"gradient model {name!r} is registered already")
     unknown = set(params) - {f.name for f in fields(AdversaryParams)}
     if unknown:
         raise PitcheckError(f"gradient model {name!r} reads no such parameter: {', '.join(sorted(unknown))}")
@@ -71,6 +83,8 @@ def register(name: str, params: tuple[str, ...] = ()):
     def deco(fn):
         GRADIENT_MODELS[name] = fn
         MODEL_PARAMETERS[name] = tuple(params)
+        if counter is not None:
+            COUNTER_FORMS[name] = counter
         return fn
 
     return deco
@@ -95,6 +109,32 @@ def _model_names(spec: str) -> list[str]:
     for n in names:
         check_model(n)
     return names
+
+
+def check_stream(stream: str, names: list[str]) -> None:
+    """The stream is known and every model named has a form on it; a one-line reason if not."""
+    if stream not in GRADIENT_STREAMS:
+        raise PitcheckError(f"unknown gradient stream {stream!r}; choose from {', '.join(GRADIENT_STREAMS)}")
+    missing = [n for n in names if stream == "counter" and n not in COUNTER_FORMS]
+    if missing:
+        raise PitcheckError(f"--gradient-stream counter draws {', '.join(COUNTER_FORMS)} only; "
+                            f"{', '.join(missing)} has no counter form (--gradient-stream numpy draws every model)")
+
+
+def counter_key(component: int, part: int, stream: int = 0) -> int:
+    """The counter stream's key word of a summed model's component (its index in the adversary), a part (0: G_Z,
+    1: G_L) and a table's stream (1: an untied head's second table): distinct for every triple."""
+    return component * 4 + stream * 2 + part
+
+
+def counter_gradient(names: list[str], shapes: tuple[tuple, tuple], seed: int, step: int, device,
+                     stream: int = 0):
+    """The sum of the named models' counter forms: float64 torch tensors (G_Z, G_L) on `device`."""
+    total = None
+    for index, name in enumerate(names):
+        g = COUNTER_FORMS[name](shapes, seed, step, lambda part: counter_key(index, part, stream), device)
+        total = g if total is None else (total[0] + g[0], total[1] + g[1])
+    return total
 
 
 def check_model(name: str) -> None:
@@ -178,7 +218,15 @@ def _factor_gradient(GT, L):
     return (GT + GT.T) @ L
 
 
-@register("gaussian")
+def _counter_gaussian(shapes, seed, step, key, device):
+    """gaussian's counter form: N(0, 1/n) entries as in _gaussian, from counter normals."""
+    from ..numerics.counter_normal import normals  # deferred: it imports torch
+
+    return tuple(normals(shape, seed, step, key(part), device=device) / math.sqrt(math.prod(shape))
+                 for part, shape in enumerate(shapes))
+
+
+@register("gaussian", counter=_counter_gaussian)
 def gaussian(Z, L, rng, params, probe):
     """Isotropic noise, ||G_Z||_F ~ 1 and ||G_L||_F ~ 1."""
     return _gaussian(Z.shape, rng), _gaussian(L.shape, rng)

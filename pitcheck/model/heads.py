@@ -20,7 +20,7 @@ import numpy as np
 from ..numerics.arrays import linalg_errors
 from .backend import ArrayBackend
 from ..infra.errors import PitcheckError
-from .gradients import gradient
+from .gradients import counter_gradient, gradient
 from ..numerics.metrics import (cholesky_conditioning, head_metrics, interface_metrics, measure_guarded, orthonormality_loss,
                       orthonormality_ratio, sample_ids, trisolve_errors)
 from ..numerics.formats import FORMATS
@@ -109,7 +109,11 @@ class PitHead:
         E = self.ops.solve_triangular(L.T, y, lower=False).T
         return self.arrays.numpy(to(E, p.storage))
 
-    def model_gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
+    def model_gradients(self, names, seed: int, step: int, params, probe=None, stream: str = "numpy") -> dict:
+        if stream == "counter":  # drawn where the model is: only the shapes are read
+            GZ, GL = self.arrays.drawn(counter_gradient(names, (self.Z.shape, self.L.shape), seed, step,
+                                                        self.arrays.draw_device))
+            return {"Z": GZ, "L": self.arrays.ops.tril(GL)}
         Z, L = self.stored()
         GZ, GL = gradient(names, Z, L, seed, step, params, probe)
         return {"Z": GZ, "L": np.tril(GL)}
@@ -215,7 +219,12 @@ class TableHead:
     def embed_all(self) -> np.ndarray:
         return self.stored()[0]
 
-    def model_gradients(self, names, seed: int, step: int, params, probe=None) -> dict:
+    def model_gradients(self, names, seed: int, step: int, params, probe=None, stream: str = "numpy") -> dict:
+        if stream == "counter":  # each table's G_Z part of its own stream, drawn where the tables are
+            shape, width = self.stored_tables["E"].shape, self.stored_tables["E"].shape[1]
+            return {k: self.arrays.drawn(counter_gradient(names, (shape, (width, width)), seed, step,
+                                                          self.arrays.draw_device, stream=i))[0]
+                    for i, k in enumerate(self.tables)}
         E, B = self.stored()
         eye = np.eye(E.shape[1])
         out = {"E": gradient(names, E, eye, seed, step, params)[0]}

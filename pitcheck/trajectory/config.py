@@ -11,7 +11,7 @@ import numpy as np
 
 from ..model.engine import StepSettings
 from ..infra.errors import PitcheckError
-from ..model.gradients import AdversaryParams, check_adversary_params
+from ..model.gradients import AdversaryParams, check_adversary_params, check_stream
 from ..sources import builtin  # noqa: F401  (registers the built-in stateful sources)
 from ..numerics.reference import check_shapes
 from ..sources.stateful import STATEFUL_SOURCES, adversary_names
@@ -57,6 +57,7 @@ class RunConfig:
     cond: float = 1.0  # condition number of the initial T (1: T = I as in the paper)
     teacher: str = ""  # a V x D embedding table the run starts from (teacher.py: FILE.npy, FILE.gguf:TENSOR, ...)
     teacher_mode: str = ""  # the conversion of the teacher's start ("": teacher.start_mode's default)
+    gradient_stream: str = "numpy"  # where the stateless models draw: numpy (host) or counter (the run's device)
     seed: int = 0
     device: str = "auto"
     records_per_decade: int = 10
@@ -84,7 +85,7 @@ class RunConfig:
         here: also that it can run on this machine (the CUDA device it names is present). A stress file
         checks its scenarios without it (a CUDA scenario is skipped, not refused, without a GPU)."""
         for name in ("backend", "precision", "retraction", "adversary", "head", "optimizer", "teacher", "teacher_mode",
-                     "device"):
+                     "gradient_stream", "device"):
             if not isinstance(getattr(self, name), str):
                 raise PitcheckError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not isinstance(self.shadow, (bool, np.bool_)):
@@ -144,6 +145,10 @@ class RunConfig:
                                     f"{', '.join(ignored)} only make sense with --head pit")
         if source:
             source.check_config(self)
+        check_stream(self.gradient_stream, list(plan.adversaries))
+        if self.gradient_stream != "numpy" and self.shards > 1:
+            raise PitcheckError(f"--gradient-stream {self.gradient_stream} is drawn by one process: a sharded run "
+                                "draws --gradient-stream numpy")
         check_placement(self, plan)
         check_sharding(self, plan)
         return plan
@@ -157,8 +162,11 @@ class RunConfig:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        if not self.teacher_mode:  # a run without one has the config it had before the option existed
+        # at their defaults, a run's config (and a cell's name) is what it was before these options existed
+        if not self.teacher_mode:
             d.pop("teacher_mode")
+        if self.gradient_stream == "numpy":
+            d.pop("gradient_stream")
         if self.shards == 1:  # an unsharded run's config (and a sweep cell's name) is what it was before
             for name in SHARDING_FIELDS:
                 d.pop(name)

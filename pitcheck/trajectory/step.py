@@ -17,7 +17,8 @@ from .teacher import load_teacher, start_certificate, teacher_start
 
 def make_engine(plan: Plan, backend: str, policy, device: str) -> Engine:
     """An engine of the plan's head, with the stateful gradient source its adversary names attached."""
-    engine = Engine(backend, policy, plan.settings, device, head=plan.head, seed=plan.config.seed)
+    engine = Engine(backend, policy, plan.settings, device, head=plan.head, seed=plan.config.seed,
+                    gradient_stream=plan.config.gradient_stream)
     if plan.source:
         engine.source = plan.source.build(plan.config, engine)
     return engine

@@ -29,7 +29,7 @@ def test_cpu_column_lands_each_exact_map_near_float32s_floor(tmp_path, capsys):
 
 
 def test_gpu_check_runloop_section_fits_its_limit():
-    """gpu_check.sh's runloop section (this script, bench --device cuda, the CUDA normals) is planned on the
+    """gpu_check.sh's runloop section (this script, bench --device cuda on both streams, the CUDA normals) is planned on the
     dry path, and its commands' own time limits sum to no more than the section's."""
     import os
     import re
@@ -37,8 +37,8 @@ def test_gpu_check_runloop_section_fits_its_limit():
 
     dry = subprocess.run(["bash", "scripts/gpu_check.sh", "runloop"], cwd=ROOT, env={**os.environ, "DRY": "1"},
                          capture_output=True, text=True, timeout=120)
-    assert dry.returncode == 0 and "runloop 290 s" in dry.stdout, dry.stdout + dry.stderr
+    assert dry.returncode == 0 and "runloop 300 s" in dry.stdout, dry.stdout + dry.stderr
     body = re.search(r"^runloop\(\) \{\n(.*?)^\}", (ROOT / "scripts/gpu_check.sh").read_text(), re.S | re.M).group(1)
     limits = [int(n) for n in re.findall(r"timeout -k 10 (\d+) ", body)]
-    assert len(limits) == 4 and sum(limits) <= 290
-    assert "--device cuda" in body and "device_accuracy.py" in body and "test_counter_normal.py" in body
+    assert len(limits) == 4 and sum(limits) <= 300  # the issue's one call of at most 5 minutes
+    assert "--gradient-stream counter" in body and "--device cuda" in body and "device_accuracy.py" in body and "test_counter_normal.py" in body

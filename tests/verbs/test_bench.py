@@ -192,7 +192,8 @@ def test_bench_outputs_that_cannot_be_written_are_refused_before_timing(tmp_path
 
 @pytest.mark.parametrize("kw, what", [(dict(rounds=0), "--rounds must be >= 1, got 0"),
                                       (dict(retractions=["qr", "householder"]), "unknown retraction 'householder'"),
-                                      (dict(json_path="o", out="o"), "--json")])
+                                      (dict(json_path="o", out="o"), "--json"),
+                                      (dict(gradient_stream="philox"), "unknown gradient stream 'philox'")])
 def test_bench_raises_on_bad_input_before_timing(kw, what, monkeypatch, tmp_path):
     """The library raises PitcheckError, without the CLI's prefix; nothing is timed or written."""
     monkeypatch.chdir(tmp_path)
@@ -208,6 +209,23 @@ def test_bench_returns_the_document_it_writes(tmp_path):
     assert json.loads((tmp_path / "b.json").read_text()) == doc
     assert (tmp_path / "o" / "bench.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert (tmp_path / "o" / "report.md").read_text() == benchmark.report(doc) + "\n"
+
+
+def test_the_steps_draw_from_the_stream_asked_for(monkeypatch):
+    """--gradient-stream reaches the engine of every step case and the whole run's config, and the document
+    and its report say which stream it was."""
+    from pitcheck.verbs.bench import runcost
+
+    built = []
+    real = runcost.RunTimer.build
+    monkeypatch.setattr(runcost.RunTimer, "build", classmethod(lambda cls, c: built.append(c) or real.__func__(cls, c)))
+    cases = benchmark.step_cases(256, 4, ["qr"], gradient_stream="counter")
+    steps = [c for c in cases if c.kind == "step"]
+    assert steps and all(c.fn.__defaults__[0].gradient_stream == "counter" for c in steps)
+    doc = benchmark.run_bench([(256, 4)], quick=True, rounds=1, retractions=["qr"], peers=False,
+                              gradient_stream="counter")
+    assert doc["gradient_stream"] == "counter" and built and all(c.gradient_stream == "counter" for c in built)
+    assert "counter stream" in benchmark.report(doc)
 
 
 def test_whole_run_step_is_the_step_plus_its_share_of_records(doc):

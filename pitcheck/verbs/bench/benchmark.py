@@ -20,7 +20,7 @@ import numpy as np
 
 from ...numerics.arrays import TorchOps
 from ...infra.errors import PitcheckError
-from ...model.gradients import AdversaryParams
+from ...model.gradients import AdversaryParams, check_stream
 from ...infra.plotting import pyplot, save_figure
 from ...numerics.reference import random_memory
 from ...model.retractions import APPROXIMATE, RETRACTIONS, in_table_order, tangent_projection
@@ -201,13 +201,15 @@ def retraction_cases(V: int, D: int, Z, xi, names) -> list[Case]:
             for n in names]
 
 
-def step_cases(V: int, D: int, retractions, precisions=("fp32",), device: str = "cpu") -> list[Case]:
+def step_cases(V: int, D: int, retractions, precisions=("fp32",), device: str = "cpu",
+               gradient_stream: str = "numpy") -> list[Case]:
     """A full engine step (gradients in the engine's stream, optimizer, retraction), and one metrics
-    record, on a torch engine on `device` without the float64 shadow."""
+    record, on a torch engine on `device` without the float64 shadow, drawing from `gradient_stream`."""
     cases = []
     for prec in precisions:
         for r in retractions:
-            cfg = RunConfig(backend="torch", precision=prec, retraction=r, vocab=V, dim=D, device=device, shadow=False)
+            cfg = RunConfig(backend="torch", precision=prec, retraction=r, vocab=V, dim=D, device=device, shadow=False,
+                            gradient_stream=gradient_stream)
             plan = cfg.resolve()
             eng = make_engine(plan, "torch", plan.policy, device)
             eng.initialise(*initial_state(plan))
@@ -224,12 +226,12 @@ def step_cases(V: int, D: int, retractions, precisions=("fp32",), device: str = 
     return cases
 
 
-def run_cases(V: int, D: int, device: str = "cpu") -> tuple[list[Case], list[RunTimer]]:
+def run_cases(V: int, D: int, device: str = "cpu", gradient_stream: str = "numpy") -> tuple[list[Case], list[RunTimer]]:
     """A whole run step (gradients, model, float64 shadow) and a record (metrics row and checkpoint
     commit) of an fp32 qr run on the torch backend on `device`, built as `pitcheck run` builds it; and the
     record's two parts apart: the metrics row, and the commit written through (not left to the commit thread)."""
     config = RunConfig(backend="torch", precision="fp32", retraction=RUN_STEP_RETRACTION, vocab=V, dim=D,
-                       device=device, steps=AMORTISED_STEPS)
+                       device=device, steps=AMORTISED_STEPS, gradient_stream=gradient_stream)
     timer = RunTimer.build(config)
     return [Case(f"run:{RUN_STEP_RETRACTION}", "run", timer.step, V, D),
             Case("run record", "record", timer.record, V, D),
@@ -446,7 +448,8 @@ def bench_inputs(shapes, retractions, quick: bool = False) -> tuple[list, list[s
 
 
 def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
-              steps: bool = True, echo=None, grid: bool = False, device: str = "cpu") -> dict:
+              steps: bool = True, echo=None, grid: bool = False, device: str = "cpu",
+              gradient_stream: str = "numpy") -> dict:
     """Time every retraction, peer, full step and metrics record at each shape, against Z^T Z of the
     same shape and dtype timed in the same interleaved rounds on `device`. Returns the JSON document."""
     import torch
@@ -479,9 +482,10 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
                 cases += pc
                 notes += pn
             if steps:
-                cases += step_cases(V, D, [r for r in STEP_RETRACTIONS if r in names] or names[:1], device=device)
+                cases += step_cases(V, D, [r for r in STEP_RETRACTIONS if r in names] or names[:1], device=device,
+                                    gradient_stream=gradient_stream)
         if steps:
-            run, timers = run_cases(V, D, device)
+            run, timers = run_cases(V, D, device, gradient_stream)
             cases += run
         try:
             time_interleaved(cases, rounds, clock=clock)
@@ -500,7 +504,7 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
         if echo:
             echo(V, D, [r for r in results if r["vocab"] == V and r["dim"] == D])
     doc = {"machine": {**machine(device), "pinned": pinned}, "mode": mode, "rounds": rounds, "results": results,
-           "not_run": notes}
+           "not_run": notes, "gradient_stream": gradient_stream}
     doc["scaling"] = fit_scaling(results)
     doc["tracking"] = tracking_fraction(results)
     doc["targets"] = check_targets(results, doc["tracking"])
@@ -590,7 +594,9 @@ def report(doc: dict) -> str:
            (f"{m['gpu']} ({m['device']}), " if m.get("gpu") else "") +
            f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, {_threads_text(m)} "
            f"({', '.join(m.get('pinned', []))} pinned), {m['clock']}, minimum of {doc['rounds']} interleaved rounds; "
-           f"load average at the end {m.get('load_average')}.", "",
+           f"load average at the end {m.get('load_average')}." +
+           (" The steps draw their gradients from the counter stream, on the device (`--gradient-stream counter`)."
+            if doc.get("gradient_stream", "numpy") != "numpy" else ""), "",
            "Ratios to the Z^T Z GEMM of the same shape and dtype (torch's, which the retractions call), timed in "
            f"the same rounds. `{NUMPY_GEMM}`: numpy's BLAS doing the same product on the same memory; below 1, "
            "this machine has a faster GEMM than the unit.", "", table(doc), ""]
@@ -698,7 +704,7 @@ def _echo_shape(V: int, D: int, rows: list[dict]) -> None:
 
 def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractions=None, peers: bool = True,
           steps: bool = True, json_path: str | Path | None = None, out: str | Path | None = None,
-          progress: bool = False, grid: bool = False, device: str = "cpu") -> dict:
+          progress: bool = False, grid: bool = False, device: str = "cpu", gradient_stream: str = "numpy") -> dict:
     """Time each retraction, peer, full engine step and metrics record as a ratio to the Z^T Z GEMM of the
     same shape, timed in the same interleaved rounds on one pinned thread; return the results document.
 
@@ -718,9 +724,10 @@ def bench(shapes=None, quick: bool = False, rounds: int | None = None, retractio
         raise PitcheckError(f"--rounds must be >= 1, got {rounds}")
     bench_inputs(shapes, retractions, quick)
     device = bench_device(device, grid)
+    check_stream(gradient_stream, ["gaussian"])  # the steps' and the run's adversary
     check_outputs(json_path, out)
     doc = run_bench(shapes, quick=quick, rounds=rounds, retractions=retractions, peers=peers, steps=steps,
-                    echo=_echo_shape if progress else None, grid=grid, device=device)
+                    echo=_echo_shape if progress else None, grid=grid, device=device, gradient_stream=gradient_stream)
     payload = (json.dumps(doc, indent=2) + "\n").encode()
     if json_path:
         write_atomic(json_path, payload)

@@ -37,7 +37,7 @@ def stack_key(config: RunConfig) -> tuple | None:
     alone = (config.head != "pit" or config.optimizer != "sgd" or plan.policy.placement
              or config.reproject_every or config.reproject_threshold or config.shards != 1
              or config.retraction not in STACKED_RETRACTIONS or plan.source
-             or plan.adaptive or config.device.startswith("cuda")
+             or plan.adaptive or config.device.startswith("cuda") or config.gradient_stream != "numpy"
              or config.vocab * config.dim > BATCH_MAX_ELEMENTS)
     if alone:
         return None
