@@ -404,7 +404,10 @@ class RunDir:
             ok = (isinstance(record, dict) and isinstance(record.get("step"), int)
                   and isinstance(record.get("files"), dict)
                   and all(isinstance(k, str) and isinstance(v, str) for k, v in record["files"].items())
-                  and set(record["files"]) <= set(RUN_FILES))
+                  and set(record["files"]) <= set(RUN_FILES)
+                  # the step of the checkpoint a record kept from an earlier commit
+                  and (isinstance(record.get("checkpoint_step", 0), int)
+                       and 0 <= record.get("checkpoint_step", 0) <= record["step"]))
         except (OSError, UnicodeDecodeError, ValueError):
             ok = False
         if not ok:
@@ -434,15 +437,21 @@ class RunDir:
         self.record = None
 
     # ---- committing -------------------------------------------------------------------------
-    def commit(self, step: int, files: dict[str, bytes], later: bool = False) -> None:
+    def commit(self, step: int, files: dict[str, bytes | None], later: bool = False, **extra) -> None:
         """Replace the run files with these, all or none. later: return at once and let the process's commit
         thread write them, after every commit made before (drain() waits for them and raises the first error;
-        a commit after a failed one is not written, so the directory keeps the last whole commit)."""
+        a commit after a failed one is not written, so the directory keeps the last whole commit).
+        A file given as None keeps the last commit's (a large checkpoint not written at every record); `extra`:
+        more keys of the commit record (JSON values)."""
         self.queue.check()
-        record = {"step": int(step), "files": {name: sha256(data) for name, data in files.items()}}
+        kept = (self.record or {}).get("files", {})
+        held = [name for name, data in files.items() if data is None and name not in kept]
+        if held:
+            raise PitcheckError(f"{self.path}: {', '.join(held)} cannot be kept: no commit holds it yet")
+        record = {"step": int(step), **extra,
+                  "files": {name: kept[name] if data is None else sha256(data) for name, data in files.items()}}
         # a file the last commit already put in place with these bytes stays as it is (a run's manifest, and
         # its events between events): two writes, fsyncs and renames fewer a record
-        kept = (self.record or {}).get("files", {})
         files = {name: data for name, data in files.items() if kept.get(name) != record["files"][name]}
         if later:
             self.queue.submit(self._write_files, step, record, files)

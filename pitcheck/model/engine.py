@@ -117,6 +117,13 @@ class Engine:
             self.source.restore(source)
         self.model.refresh(self.master)
 
+    def state_bytes(self) -> int:
+        """The bytes of the master parameters and the optimizer's moments, as held (a checkpoint's bulk)."""
+        def size(x) -> int:
+            return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+
+        return sum(size(v) for v in (*self.master.values(), *self.opt.values()))
+
     def state_dict(self) -> dict:
         d = {f"master_{k}": self.arrays.numpy(v) for k, v in self.master.items()}
         d.update({f"opt_{k}": self.arrays.numpy(v) for k, v in self.opt.items()})

@@ -82,15 +82,23 @@ def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs
 
 
 def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: list[dict], manifest: dict,
-           later: bool = False, event_lines: EventLines | None = None) -> None:
+           later: bool = False, event_lines: EventLines | None = None, with_checkpoint: bool = True) -> None:
     """One commit of the whole directory at `step` (later: written by the commit thread, RunDir.commit;
-    event_lines: the run's events encoded so far, extended with the new ones)."""
+    event_lines: the run's events encoded so far, extended with the new ones). Without with_checkpoint the
+    last commit's checkpoint stays, and the record names its step (`checkpoint_step`): a resume goes on from
+    there and recomputes the rows and events after it, which the same stream gives again bit for bit."""
+    checkpoint_step = step if with_checkpoint else checkpoint_step_of(store.record)
     store.commit(step, {
-        CHECKPOINT: npz_bytes(pair.arrays(step)),
+        CHECKPOINT: npz_bytes(pair.arrays(step)) if with_checkpoint else None,
         METRICS: csv_bytes(rows),
         EVENTS: event_lines.encode(events) if event_lines is not None else events_bytes(events),
         MANIFEST: manifest_bytes(manifest),
-    }, later=later)
+    }, later=later, **({} if checkpoint_step == step else {"checkpoint_step": checkpoint_step}))
+
+
+def checkpoint_step_of(record: dict | None) -> int | None:
+    """The step of the checkpoint a commit record holds (its own step unless it kept an earlier one)."""
+    return None if record is None else record.get("checkpoint_step", record["step"])
 
 
 # the run's options (pitcheck run) of config fields, where a field's name spelled with dashes is not its option
@@ -169,6 +177,9 @@ class Resume:
         step = self._load_checkpoint()
         rows = self._check_rows(step, written_steps)
         events = self.store.read_events()
+        if self._kept_checkpoint(step):  # the rows and events after the checkpoint come again as the run goes on
+            rows = [r for r in rows if r["step"] <= step]
+            events = [e for e in events if e["step"] <= step]
         broken = None
         for n, e in enumerate(events):
             if e["step"] > step and not ends_run(events, n, step):
@@ -233,6 +244,11 @@ class Resume:
             raise self.refuse(f"{CHECKPOINT} holds a state that cannot compute: {problem}")
         return step
 
+    def _kept_checkpoint(self, step: int) -> bool:
+        """The last commit recorded rows past its checkpoint, which it kept from the commit at `step`."""
+        record = self.store.record
+        return record is not None and "checkpoint_step" in record and record["checkpoint_step"] == step
+
     def _check_rows(self, step: int, written_steps: int) -> list[dict]:
         rows = self.store.read_metrics()
         if not rows or rows[0]["step"] != 0:
@@ -240,7 +256,7 @@ class Resume:
         want = set(METRIC_COLUMNS) | (set(SHARD_COLUMNS) if self.config.shards > 1 else set())
         if set(rows[0]) - set(LOSS_COLUMNS) != want:
             raise self.refuse(f"{METRICS} does not have this run's columns")
-        if rows[-1]["step"] > step:
+        if rows[-1]["step"] > step and not (self._kept_checkpoint(step) and rows[-1]["step"] <= self.store.record["step"]):
             raise self.refuse(f"{METRICS} has rows after step {step}, the checkpoint's: it mixes two states")
         # a commit record vouches that rows and checkpoint were written together; without one (a directory
         # of an older pitcheck) a checkpoint at a recorded step must have its row

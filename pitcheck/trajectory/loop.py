@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from ..model.engine import StateBreakdown
@@ -12,9 +13,17 @@ from .events import EventKind, breakdown, raised_by, row_events, skipped_steps_b
 from ..infra.progress import Progress
 from ..infra.rundir import CHECKPOINT, EVENTS, LOCK, METRIC_COLUMNS, EventLines, RunDir, read_events
 from ..infra.threads import thread_policy
-from .checkpoint import Resume, check_restart, commit, input_hashes, manifest
+from .checkpoint import Resume, check_restart, checkpoint_step_of, commit, input_hashes, manifest
 from .config import RunConfig, check_argument, recorded_steps
 from .sharded import make_lockstep
+
+# A record writes the checkpoint (the whole state: Z, L, the optimizer's moments, the shadow's) only while
+# checkpoints stay this share of the run's wall time, once the state is this large: at 32768 x 512 a
+# checkpoint is hundreds of MB, and one at each of a run's dense early records would stall it. Smaller
+# states are checkpointed at every record, as they cost milliseconds. A record without one keeps the last
+# checkpoint; a resume goes on from it and recomputes the rows after it exactly (one seeded stream).
+CHECKPOINT_SHARE = 0.05
+LARGE_CHECKPOINT_BYTES = 64 * 2**20
 
 
 class RunBreakdown(PitcheckError):
@@ -65,6 +74,8 @@ class Trajectory:
         self.step = 0
         self.resumed_from = None
         self.broken: dict | None = None  # the breakdown event a resumed run had already ended in
+        # the last checkpoint's size and main-thread seconds, and when it was taken (the cadence's inputs)
+        self.checkpoint_bytes, self.checkpoint_seconds, self.checkpoint_at = 0, 0.0, time.monotonic()
         if resume and not self.out.exists():
             raise PitcheckError(f"nothing to resume: {self.out} does not exist (without --resume a run starts there)")
         # everything that needs no directory is built and checked first: a run refused there creates nothing
@@ -113,10 +124,24 @@ class Trajectory:
         self.resumed_from = self.step
 
     # ---- recording ---------------------------------------------------------------------------
-    def _commit(self, later: bool = False) -> None:
-        """later (a recorded step's): written by the commit thread; others wait for it (RunDir.commit)."""
+    def _commit(self, later: bool = False, with_checkpoint: bool = True) -> None:
+        """later (a recorded step's): written by the commit thread; others wait for it (RunDir.commit).
+        with_checkpoint False: the rows and events only, the last checkpoint kept."""
+        started = time.monotonic()
         commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later,
-               event_lines=self.event_lines)
+               event_lines=self.event_lines, with_checkpoint=with_checkpoint)
+        if with_checkpoint:
+            self.checkpoint_at = time.monotonic()
+            self.checkpoint_seconds = self.checkpoint_at - started
+            self.checkpoint_bytes = self.pair.state_bytes()
+
+    def _checkpoint_due(self) -> bool:
+        """Whether this record writes the checkpoint: always at the first and the last step and for a small
+        state; for a large one when the time since the last checkpoint is at least its cost / CHECKPOINT_SHARE."""
+        if (checkpoint_step_of(self.store.record) is None or self.step >= self.config.steps
+                or self.checkpoint_bytes < LARGE_CHECKPOINT_BYTES):
+            return True
+        return (time.monotonic() - self.checkpoint_at) * CHECKPOINT_SHARE >= self.checkpoint_seconds
 
     def _event(self, step: int, event: dict) -> None:
         self.events.append({"step": step, **event})
@@ -131,7 +156,7 @@ class Trajectory:
 
     def _record(self) -> None:
         self.measure()
-        self._commit(later=True)
+        self._commit(later=True, with_checkpoint=self._checkpoint_due())
 
     # ---- for a batch of runs stepped together (trajectory/batched.py) ---------------------------
     def record(self) -> None:

@@ -193,6 +193,10 @@ class Lockstep:
                 row.update(self.shadow.source.shadow_losses(self.shadow))
         return row
 
+    def state_bytes(self) -> int:
+        """The bytes a checkpoint's arrays hold (the engines' states, as arrays() gives them)."""
+        return sum(engine.state_bytes() for engine in (self.engine, self.shadow) if engine)
+
     def arrays(self, step: int) -> dict:
         """The checkpoint's arrays: the step, the stored Z and L, the engines' states."""
         Z, L = self.engine.stored()
