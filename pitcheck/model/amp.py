@@ -6,6 +6,8 @@ halved; after LOSS_SCALE_GROWTH_INTERVAL clean steps in a row it doubles.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..numerics.formats import FORMATS, overflow_threshold, round_to
@@ -14,27 +16,36 @@ from ..numerics.formats import FORMATS, overflow_threshold, round_to
 LOSS_SCALE_INIT, LOSS_SCALE_GROWTH_INTERVAL = 2.0**16, 2000
 
 
-def all_finite(g) -> bool:
-    """Whether every entry of a numpy array or a torch tensor (on any device) is finite."""
-    if isinstance(g, np.ndarray):
-        return bool(np.isfinite(g).all())
+def magnitude_peaks(arrays) -> list[float]:
+    """max |g| of each numpy array or torch tensor (0 for an empty one; NaN or inf where g has a non-finite
+    entry, as max propagates NaN): a device's tensors cross to the host as one small vector, one sync."""
+    arrays = list(arrays)
+    if all(isinstance(g, np.ndarray) for g in arrays):
+        return [float(np.abs(g).max(initial=0.0)) for g in arrays]
     import torch  # a tensor's: torch is imported already
 
-    return bool(torch.isfinite(g).all())
+    peaks = [g.abs().amax() if g.numel() else torch.zeros((), dtype=g.dtype, device=g.device) for g in arrays]
+    return [float(x) for x in torch.stack([p.to(torch.float64) for p in peaks]).tolist()]
+
+
+def all_finite(g) -> bool:
+    """Whether every entry of a numpy array or a torch tensor (on any device) is finite."""
+    return math.isfinite(magnitude_peaks([g])[0])
+
+
+def peak_fits(peak: float, fmt: str) -> bool:
+    """Whether an array whose largest magnitude is `peak` is finite once cast to format fmt: an entry overflows
+    exactly when the largest magnitude rounds to infinity in that format."""
+    threshold = overflow_threshold(fmt)
+    if threshold is None:
+        return bool(np.isfinite(round_to(np.array([peak]), FORMATS[fmt])[0]))
+    return bool(peak < threshold)
 
 
 def fits(scaled, fmt: str) -> bool:
     """Whether every entry of `scaled` (a numpy array, or a torch tensor on any device) is finite once cast to
     format fmt."""
-    # an entry overflows exactly when the largest magnitude rounds to infinity in that format
-    if isinstance(scaled, np.ndarray):
-        peak = np.abs(scaled).max(initial=0.0)
-    else:  # one scalar crosses to the host
-        peak = float(scaled.abs().max()) if scaled.numel() else 0.0
-    threshold = overflow_threshold(fmt)
-    if threshold is None:
-        return bool(np.isfinite(round_to(np.array([peak]), FORMATS[fmt])[0]))
-    return bool(peak < threshold)
+    return peak_fits(magnitude_peaks([scaled])[0], fmt)
 
 
 class LossScaler:
@@ -47,6 +58,10 @@ class LossScaler:
 
     def scaled(self, G: np.ndarray) -> np.ndarray:
         return G * self.scale if self.enabled else G
+
+    def scaled_peak(self, peak: float) -> float:
+        """max |G * scale| from max |G|: the product's rounding is monotone, so it is the same double."""
+        return peak * self.scale if self.enabled else peak
 
     def unscale(self, g):
         return g / self.scale

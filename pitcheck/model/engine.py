@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 
-from .amp import LossScaler, all_finite, fits
+from .amp import LossScaler, magnitude_peaks, peak_fits
 from .backend import ArrayBackend, resolve_device  # noqa: F401  (resolve_device: part of this module's API)
 from ..infra.errors import PitcheckError
 from .heads import PitHead, StateBreakdown  # noqa: F401  (StateBreakdown: raised by step)
@@ -173,10 +175,12 @@ class Engine:
         """The stateless models' gradients (zero for none), evaluated at the stored model."""
         return self.model.model_gradients(names, seed, step, params, probe, stream=self.gradient_stream)
 
-    def gradient_in_format(self, G: np.ndarray):
-        """G (times the loss scale) in the gradient format, and whether it fits without overflow."""
-        scaled = self.scaler.scaled(G)
-        return self.arrays.to(scaled, self.policy.gradient), fits(scaled, self.policy.gradient)
+    def gradient_in_format(self, G, peak: float | None = None):
+        """G (times the loss scale) in the gradient format, and whether it fits without overflow. peak: max |G|
+        where the caller has it (_admit takes all of a step's peaks in one host sync)."""
+        peak = magnitude_peaks([G])[0] if peak is None else peak
+        fmt = self.policy.gradient
+        return self.arrays.to(self.scaler.scaled(G), fmt), peak_fits(self.scaler.scaled_peak(peak), fmt)
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self, grads: dict, step_index: int) -> list[dict]:
@@ -212,9 +216,10 @@ class Engine:
     def _admit(self, grads: dict) -> tuple[dict | None, list[dict]]:
         """Gradients in the factor dtype, unscaled; or None and the event when the step must be skipped."""
         p = self.policy
-        if not all(map(all_finite, grads.values())):
+        peaks = magnitude_peaks(grads.values())  # finiteness and overflow from one vector of peaks
+        if not all(map(math.isfinite, peaks)):
             return None, [{"event": "nonfinite_gradient", "action": "step skipped"}]
-        cast = {k: self.gradient_in_format(g) for k, g in grads.items()}
+        cast = {k: self.gradient_in_format(g, peak) for (k, g), peak in zip(grads.items(), peaks)}
         if not all(ok for _, ok in cast.values()):
             event = {"event": "gradient_overflow", "format": p.gradient, "loss_scale": self.loss_scale}
             event["action"] = self.scaler.overflowed()

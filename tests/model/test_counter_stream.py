@@ -97,6 +97,27 @@ def test_no_table_crosses_to_the_host_while_drawing_and_stepping(monkeypatch):
     assert moved == []
 
 
+def test_a_steps_gradient_peaks_cross_to_the_host_once_and_judge_as_the_scaled_arrays_do(monkeypatch):
+    from pitcheck.model.amp import LossScaler, magnitude_peaks, peak_fits
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((40, 5)) * 10.0 ** rng.uniform(-3, 5), rng.standard_normal((5, 5)), np.zeros((0, 5))]
+    crossings = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: crossings.append(self.shape) or real(self))
+    peaks = magnitude_peaks([torch.from_numpy(a) for a in arrays])
+    assert len(crossings) == 1 and peaks == magnitude_peaks(arrays) == [np.abs(a).max(initial=0.0) for a in arrays]
+    nan = arrays[1].copy()
+    nan[2, 3] = np.nan
+    assert math.isnan(magnitude_peaks([torch.from_numpy(nan)])[0]) and math.isnan(magnitude_peaks([nan])[0])
+    scaler = LossScaler(True)
+    for fmt in ("fp16", "bf16", "fp32"):
+        for a in arrays:
+            for scale in (2.0**16, 3.0, 2.0**-3):
+                scaler.scale = scale
+                assert peak_fits(scaler.scaled_peak(magnitude_peaks([a])[0]), fmt) == fits(scaler.scaled(a), fmt)
+
+
 def test_a_finite_check_of_arrays_and_tensors():
     assert all_finite(np.ones(3)) and all_finite(torch.ones(3))
     assert not all_finite(torch.tensor([1.0, math.inf])) and not all_finite(np.array([math.nan]))
