@@ -131,7 +131,7 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
         self.model.head.post_step()
-        return float(loss)
+        return float(loss.detach())
 
     def record(self, step: int, train_loss: float) -> dict:
         with torch.no_grad():
