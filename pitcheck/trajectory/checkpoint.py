@@ -114,7 +114,24 @@ def config_differences(config: RunConfig, manifest: dict, ignore: tuple[str, ...
         raise PitcheckError(f"{out}/{MANIFEST} has config keys this pitcheck does not know "
                             f"({', '.join(unknown)}): written by another version? pass --force to start over")
     full = {k: mine.get(k, getattr(config, k)) for k in RunConfig.__dataclass_fields__}
-    return [k for k in full if k not in ignore and (k in mine or k in theirs) and full[k] != _written(theirs, k)]
+    differ = [k for k in full if k not in ignore and k != "teacher_mode" and (k in mine or k in theirs)
+              and full[k] != _written(theirs, k)]
+    # the teacher's mode, as the start it resolves to: a mode given or its default, and an older pitcheck's start
+    if "teacher_mode" not in ignore and written_start_mode(manifest) != config.resolve().teacher_mode:
+        differ.append("teacher_mode")
+    return differ
+
+
+def written_start_mode(manifest: dict) -> str | None:
+    """The conversion mode a run directory's start was (None: no teacher, or no conversion): its manifest's
+    certificate says; a manifest from before certificates had every teacher, a GGUF one too, start at the
+    table's polar factor with the run's own T0, which is balanced's start at cond 1."""
+    if "conversion" in manifest:
+        return manifest["conversion"]["mode"] if manifest["conversion"] else None
+    theirs = manifest["config"]
+    if not theirs.get("teacher") or theirs.get("head", RunConfig.head) != "pit":
+        return None
+    return "balanced" if theirs.get("cond", RunConfig.cond) == 1 else None
 
 
 def _written(theirs: dict, name: str):
@@ -135,10 +152,19 @@ def _as_given(name: str, value) -> str:
 def differences_told(differ: list[str], config: RunConfig, manifest: dict) -> str:
     """What the run directory was written with where this run differs, and the options that resume it."""
     theirs = manifest["config"]
-    written = ", ".join(f"{k}={_written(theirs, k)!r}" for k in differ)
-    asked = ", ".join(f"{k}={getattr(config, k)!r}" for k in differ)
-    options = [_as_given(k, _written(theirs, k)) for k in differ]
-    how = f"; resume it with {' '.join(o for o in options if o)}" if all(options) else ""
+
+    def values(k):  # (written, asked): a teacher's mode as the start each resolves to
+        if k == "teacher_mode":
+            return written_start_mode(manifest) or "", config.resolve().teacher_mode or ""
+        return _written(theirs, k), getattr(config, k)
+
+    written = ", ".join(f"{k}={values(k)[0]!r}" for k in differ)
+    asked = ", ".join(f"{k}={values(k)[1]!r}" for k in differ)
+    options = [_as_given(k, values(k)[0]) for k in differ]
+    given = [o for o in options if o and not o.startswith("without ")]
+    absent = [o for o in options if o.startswith("without ")]
+    how = ("; resume it " + " and ".join(filter(None, [f"with {' '.join(given)}" if given else "", " ".join(absent)]))
+           if all(options) else "")
     return (f"config differs in {', '.join(differ)}: the run was written with {written}, this run asks "
             f"{asked}{how}")
 
@@ -228,9 +254,11 @@ class Resume:
         step = int(ck["step"])
         if step < 0:
             raise self.refuse(f"{CHECKPOINT}'s step is {step}")
-        if step > cfg.steps:
+        # a commit that kept an earlier checkpoint holds rows up to its own step
+        held = max(step, self.store.record["step"]) if self._kept_checkpoint(step) else step
+        if held > cfg.steps:
             raise PitcheckError(f"cannot resume {self.store.path} with --steps {cfg.steps}: it holds a run at step "
-                                f"{step}; give --steps >= {step}, choose another --out, or pass --force to start over")
+                                f"{held}; give --steps >= {held}, choose another --out, or pass --force to start over")
         pair.load(ck)
         # the loaded state re-exports exactly what was saved, unless values lie outside the policy's formats
         # or the stored Z and L do not follow from the master state

@@ -146,6 +146,9 @@ class RunConfig:
         if source:
             source.check_config(self)
         check_stream(self.gradient_stream, list(plan.adversaries))
+        if self.gradient_stream == "counter" and self.seed >= 2**32:
+            raise PitcheckError(f"--seed must be below 2^32 with --gradient-stream counter (the generator's key is a "
+                                f"32-bit word), got {self.seed}")
         if self.gradient_stream != "numpy" and self.shards > 1:
             raise PitcheckError(f"--gradient-stream {self.gradient_stream} is drawn by one process: a sharded run "
                                 "draws --gradient-stream numpy")

@@ -180,9 +180,12 @@ def start_mode(spec: str, mode: str = "", cond: float = 1.0) -> str | None:
     T0, which is no conversion). None without a teacher. A scaled mode is refused: a run has no logit scale."""
     if not spec:
         return None
-    from ..sources.pretrained.conversion import DEFAULT_MODE, get_mode
+    from ..sources.pretrained.conversion import DEFAULT_MODE, MODES, get_mode
 
     if mode:
+        unscaled = [name for name, m in MODES.items() if not m.scaled]
+        if mode not in MODES:
+            raise PitcheckError(f"unknown --teacher-mode {mode!r}; choose from {', '.join(unscaled)}")
         if get_mode(mode).scaled:
             raise PitcheckError(f"--teacher-mode {mode} adds a logit scale outside PIT, which a run does not model; "
                                 f"choose keep-embedding, the same Z and T without it")

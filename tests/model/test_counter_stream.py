@@ -130,6 +130,7 @@ def test_a_finite_check_of_arrays_and_tensors():
     ({"adversary": "dense_output"}, "dense_output has no counter form"),
     ({"adversary": "gaussian,spike"}, "spike has no counter form"),
     ({"gradient_stream": "philox"}, "unknown gradient stream 'philox'"),
+    ({"seed": 2**32}, "--seed must be below 2\\^32 with --gradient-stream counter"),
     ({"shards": 2, "backend": "numpy", "precision": "fp64"}, "a sharded run draws --gradient-stream numpy"),
 ])
 def test_what_the_counter_stream_cannot_draw_is_refused(change, message):

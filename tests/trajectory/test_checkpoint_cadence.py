@@ -57,6 +57,9 @@ def test_records_between_checkpoints_keep_the_last_and_a_resume_recomputes_their
     with np.load(tmp_path / "cut" / "checkpoint.npz") as ck:
         assert int(ck["step"]) == 0
     assert (tmp_path / "cut" / "metrics.csv").read_text().splitlines()[-1].startswith(f"{last},")
+    # the commit holds rows up to its own step, past the checkpoint's: fewer --steps would drop them
+    with pytest.raises(PitcheckError, match=f"it holds a run at step {last}; give --steps >= {last}"):
+        run(replace(CFG, steps=last - 1), tmp_path / "cut", resume=True, progress=False)
     run(CFG, tmp_path / "cut", resume=True, progress=False)
     for name in ("metrics.csv", "events.jsonl"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()

@@ -93,7 +93,7 @@ def test_a_table_teacher_starts_from_its_polar_factor(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--teacher-mode", "keep-embedding-scaled"], "logit scale outside PIT"),
-    (["--teacher-mode", "nope"], "unknown conversion mode 'nope'"),
+    (["--teacher-mode", "nope"], "unknown --teacher-mode 'nope'; choose from keep-embedding, keep-head, balanced, sqrt"),
     (["--cond", "10"], "--cond 10 sets T0, which the teacher's conversion (keep-embedding) fixes"),
     (["--head", "tied", "--teacher-mode", "sqrt"], "--teacher-mode only make sense with --head pit"),
 ])
@@ -123,3 +123,32 @@ def test_a_teacher_run_resumes_only_in_its_mode(teacher, tmp_path, capsys):
     assert cli.main(args("keep-head", 12, "--resume")) == 2
     err = capsys.readouterr().err
     assert "teacher_mode" in err and "sqrt" in err
+
+
+def test_a_resume_compares_the_start_the_mode_resolves_to(teacher, tmp_path, capsys):
+    import hashlib
+
+    spec, _ = teacher
+    out = tmp_path / "r"
+
+    def args(steps, *more):
+        return ["run", "--teacher", spec, "--steps", str(steps), "--out", str(out), "--no-progress", *more]
+
+    # the default given by name is the same start
+    assert cli.main(args(4)) == 0
+    assert cli.main(args(8, "--resume", "--teacher-mode", "keep-embedding")) == 0
+    # a directory of a pitcheck from before the modes: its GGUF teacher started at the polar factor, T0 = I
+    assert cli.main(args(4, "--force", "--teacher-mode", "balanced")) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["conversion"], manifest["config"]["teacher_mode"]
+    data = (json.dumps(manifest, indent=1) + "\n").encode()
+    (out / "manifest.json").write_bytes(data)
+    record = json.loads((out / "commit.json").read_text())
+    record["files"]["manifest.json"] = hashlib.sha256(data).hexdigest()
+    (out / "commit.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert cli.main(args(8, "--resume")) == 2  # the default now would be keep-embedding's start
+    err = capsys.readouterr().err
+    assert "teacher_mode='balanced'" in err and "resume it with --teacher-mode balanced" in err
+    assert cli.main(args(8, "--resume", "--teacher-mode", "balanced")) == 0
+    assert json.loads((out / "manifest.json").read_text())["conversion"]["mode"] == "balanced"

@@ -595,8 +595,10 @@ def report(doc: dict) -> str:
            f"{m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, numpy {m['numpy']}, {_threads_text(m)} "
            f"({', '.join(m.get('pinned', []))} pinned), {m['clock']}, minimum of {doc['rounds']} interleaved rounds; "
            f"load average at the end {m.get('load_average')}." +
-           (" The steps draw their gradients from the counter stream, on the device (`--gradient-stream counter`)."
-            if doc.get("gradient_stream", "numpy") != "numpy" else ""), "",
+           (f" The steps drew their gradients from the counter stream on {m.get('device', 'the CPU')} "
+            "(`--gradient-stream counter`)."
+            if doc.get("gradient_stream", "numpy") != "numpy" and any(r["kind"] in ("step", "run")
+                                                                      for r in doc["results"]) else ""), "",
            "Ratios to the Z^T Z GEMM of the same shape and dtype (torch's, which the retractions call), timed in "
            f"the same rounds. `{NUMPY_GEMM}`: numpy's BLAS doing the same product on the same memory; below 1, "
            "this machine has a faster GEMM than the unit.", "", table(doc), ""]
