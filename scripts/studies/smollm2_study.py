@@ -32,14 +32,18 @@ def main() -> None:
     parser.add_argument("--modes", default=None, help="PIT's conversion modes (comma-separated); runs are then "
                         "named with their mode and the figure gains a cond(T) panel")
     parser.add_argument("--record-every", type=int, default=10)
-    parser.add_argument("--also", default=None, help="another study's smollm2.csv whose curves the figure also draws")
+    parser.add_argument("--existing-only", action="store_true",
+                        help="resume and collect only the runs that have a directory under --runs, starting none")
+    parser.add_argument("--also", action="append", default=None,
+                        help="another study's smollm2.csv whose curves the figure also draws (may be given again)")
     parser.add_argument("--also-runs", default=None, help="only these runs of --also (comma-separated; OLD=NEW "
                         "draws run OLD under the name NEW)")
     args = parser.parse_args()
     names = smollm2_study(args.runs, args.out, steps=args.steps, precisions=args.precisions.split(","),
                           heads=parse_heads(args.heads), modes=args.modes.split(",") if args.modes else None,
                           record_every=args.record_every, also=args.also,
-                          also_labels=args.also_runs.split(",") if args.also_runs else None, threads=args.threads)
+                          also_labels=args.also_runs.split(",") if args.also_runs else None, threads=args.threads,
+                          existing_only=args.existing_only)
     for name in names:
         print(name)
 

@@ -70,3 +70,44 @@ def test_a_modes_figure_draws_the_baselines_of_another_study_renamed_and_cut(tmp
     assert sorted(drawn) == ["pit-qr-keep-embedding_fp32", "pit-qr-keep-head_fp32", "pit-qr-sqrt_fp32", "tied_fp32"]
     assert [r["step"] for r in drawn["tied_fp32"]] == [0, 100]
     assert sorted(read_summary(tmp_path / "out" / "smollm2.csv")) == ["pit-qr-keep-head_fp32", "pit-qr-sqrt_fp32"]
+
+
+def test_several_studies_are_drawn_and_a_precision_is_a_line_style(tmp_path, monkeypatch):
+    """--also given twice draws both files' named runs; a head keeps its colour across precisions, the
+    precision sets the line style."""
+    from pitcheck.verbs.convert import study
+    from pitcheck.verbs.convert.continued import metrics_bytes
+
+    row = {k: 1.0 for k in COLUMNS[1:]}
+    runs = tmp_path / "runs"
+    for name in ("pit-qr-sqrt_fp32", "pit-qr-sqrt_bf16-mixed"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "metrics.csv").write_bytes(metrics_bytes([{"step": 0, **row}, {"step": 10, **row}]))
+    files = []
+    for precision in ("fp32", "bf16-mixed"):
+        files.append(tmp_path / f"{precision}.csv")
+        files[-1].write_bytes(study.summary_csv({f"tied_{precision}": [{"step": 0, **row}]}))
+    lines = []
+    import matplotlib.axes
+
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: lines.append((k["label"], k["color"], k["linestyle"])) or real_plot(self, *a, **k))
+    study.write_study(tmp_path / "out", runs, also=files, also_labels=["tied_fp32", "tied_bf16-mixed"],
+                      panels=study.PANELS[:1])
+    drawn = dict((label, (colour, style)) for label, colour, style in lines)
+    assert set(drawn) == {"tied_fp32", "tied_bf16-mixed", "pit-qr-sqrt_fp32", "pit-qr-sqrt_bf16-mixed"}
+    assert drawn["tied_fp32"][0] == drawn["tied_bf16-mixed"][0] != drawn["pit-qr-sqrt_fp32"][0]
+    assert drawn["pit-qr-sqrt_fp32"][0] == drawn["pit-qr-sqrt_bf16-mixed"][0]
+    assert drawn["tied_fp32"][1] == drawn["pit-qr-sqrt_fp32"][1] != drawn["pit-qr-sqrt_bf16-mixed"][1]
+
+
+def test_existing_only_resumes_what_is_there_and_starts_nothing(tmp_path, monkeypatch):
+    from pitcheck.verbs.convert import study
+
+    (tmp_path / "pit-qr-sqrt_fp32").mkdir()
+    trained = []
+    monkeypatch.setattr(study, "continued", lambda out, config, model=None, progress=None: trained.append(out.name))
+    monkeypatch.setattr("pitcheck.sources.pretrained.body.load_smollm2", lambda: None)
+    seconds = study.run_study(tmp_path, precisions=("fp32", "bf16-mixed"), heads=[("pit", "qr")],
+                              modes=["sqrt", "keep-head"], existing_only=True, steps=1)
+    assert trained == ["pit-qr-sqrt_fp32"] and list(seconds) == ["pit-qr-sqrt_fp32"]

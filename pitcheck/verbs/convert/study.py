@@ -35,10 +35,10 @@ def parse_heads(text: str) -> list[tuple[str, str]]:
 
 
 def run_study(runs: Path | str, precisions=("fp32",), heads=STUDY_HEADS, modes=None, progress=None,
-              **options) -> dict:
+              existing_only: bool = False, **options) -> dict:
     """Train each head in each precision (a PIT head in each of `modes`; None: the default mode, runs named
-    as before the modes existed) under RUNS/<label> (resuming what is there); returns {label: seconds taken
-    by this call}."""
+    as before the modes existed) under RUNS/<label> (resuming what is there; existing_only: only the runs
+    that have a directory there, starting none); returns {label: seconds taken by this call}."""
     from ...sources.pretrained.body import load_smollm2
 
     seconds = {}
@@ -48,6 +48,8 @@ def run_study(runs: Path | str, precisions=("fp32",), heads=STUDY_HEADS, modes=N
                 config = ContinuedConfig(head=head, retraction=retraction or "qr", precision=precision, mode=mode,
                                          **options)
                 label = run_label(config, with_mode=modes is not None)
+                if existing_only and not (Path(runs) / label).is_dir():
+                    continue
                 start = time.monotonic()
                 continued(Path(runs) / label, config, model=load_smollm2(), progress=progress)
                 seconds[label] = time.monotonic() - start
@@ -83,12 +85,15 @@ def plot_study(out: Path, curves: dict[str, list[dict]], stem: str = "smollm2", 
     cols = 2 if len(panels) == 4 else len(panels)
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
-    colours = {label: f"C{i % 10}" for i, label in enumerate(curves)}
+    # a head (and mode) keeps its colour in every precision; the precision is the line's style
+    heads = list(dict.fromkeys(label.rsplit("_", 1)[0] for label in curves))
+    styles = {p: s for p, s in zip(dict.fromkeys(label.rsplit("_", 1)[-1] for label in curves), ("-", "--", ":", "-."))}
     for ax, (key, title, log) in zip(axes.flat, panels):
         for label, rows_ in curves.items():
             pts = [(r["step"], r[key]) for r in rows_ if r.get(key, math.nan) == r.get(key, math.nan)]
             if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3, label=label, color=colours[label])
+                ax.plot(*zip(*pts), marker="o", ms=2, label=label, color=f"C{heads.index(label.rsplit('_', 1)[0]) % 10}",
+                        linestyle=styles.get(label.rsplit("_", 1)[-1], "-"))
         ax.set_title(title)
         ax.set_xlabel("step")
         if log:
@@ -113,7 +118,7 @@ def read_summary(path: Path | str) -> dict[str, list[dict]]:
 def write_study(out: Path | str, runs: Path | str, also: Path | str | None = None, labels=None,
                 also_labels=None, also_steps: int | None = None, stem: str = "smollm2", panels=PANELS[:3]) -> list[str]:
     """OUT/<stem>.csv (every recorded row of the runs under RUNS, or of those in `labels`) and
-    OUT/<stem>.png/.svg; with `also` (another study's csv, e.g. the same heads in another precision, or the
+    OUT/<stem>.png/.svg; with `also` (other studies' csv files, or one, e.g. the same heads in another precision, or the
     tied and untied heads on the same batches), the figure draws its curves too (those in `also_labels`, up
     to step `also_steps`, when given; an entry "OLD=NEW" draws run OLD under the name NEW); they are not copied
     into the csv."""
@@ -126,14 +131,15 @@ def write_study(out: Path | str, runs: Path | str, also: Path | str | None = Non
         names = None if also_labels is None else dict(entry.split("=", 1) if "=" in entry else (entry, entry)
                                                       for entry in also_labels)
         other = {(k if names is None else names[k]): [r for r in rows if also_steps is None or r["step"] <= also_steps]
-                 for k, rows in read_summary(also).items() if names is None or k in names}
+                 for path in ([also] if isinstance(also, (str, Path)) else also)
+                 for k, rows in read_summary(path).items() if names is None or k in names}
         drawn = {**other, **curves}
     return [str(out / f"{stem}.csv")] + plot_study(out, drawn, stem, panels)
 
 
 def smollm2_study(runs: Path | str, out: Path | str, steps: int = 100, precisions=("fp32", "bf16-mixed"),
                   heads=STUDY_HEADS, modes=None, record_every: int = 10, also=None, also_labels=None,
-                  threads: int = 1, stem: str = "smollm2", progress=True) -> list[str]:
+                  threads: int = 1, stem: str = "smollm2", progress=True, existing_only: bool = False) -> list[str]:
     """Run (or resume) the study and write OUT; the wall seconds of each run of this call are appended to
     OUT/timings.json. With `modes` the figure has a cond(T) panel and only this study's runs go in its csv."""
     from ...infra.threads import apply_thread_policy
@@ -141,7 +147,8 @@ def smollm2_study(runs: Path | str, out: Path | str, steps: int = 100, precision
     apply_thread_policy(threads)
     options = dict(steps=steps, **STUDY_OPTIONS, record_every=record_every, checkpoint_every=record_every)
     start = time.monotonic()
-    seconds = run_study(runs, precisions=tuple(precisions), heads=heads, modes=modes, progress=progress, **options)
+    seconds = run_study(runs, precisions=tuple(precisions), heads=heads, modes=modes, progress=progress,
+                        existing_only=existing_only, **options)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     timings = out / "timings.json"
