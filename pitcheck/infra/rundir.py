@@ -438,11 +438,10 @@ class RunDir:
 
     # ---- committing -------------------------------------------------------------------------
     def commit(self, step: int, files: dict[str, bytes | None], later: bool = False, **extra) -> None:
-        """Replace the run files with these, all or none. later: return at once and let the process's commit
+        """Replace the run files with these, all or none; a file given as None keeps the last commit's, and
+        `extra` adds keys (JSON values) to the commit record. later: return at once and let the process's commit
         thread write them, after every commit made before (drain() waits for them and raises the first error;
-        a commit after a failed one is not written, so the directory keeps the last whole commit).
-        A file given as None keeps the last commit's (a large checkpoint not written at every record); `extra`:
-        more keys of the commit record (JSON values)."""
+        a commit after a failed one is not written, so the directory keeps the last whole commit)."""
         self.queue.check()
         kept = (self.record or {}).get("files", {})
         held = [name for name, data in files.items() if data is None and name not in kept]

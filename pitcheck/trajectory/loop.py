@@ -26,6 +26,24 @@ CHECKPOINT_SHARE = 0.05
 LARGE_CHECKPOINT_BYTES = 64 * 2**20
 
 
+class CheckpointCadence:
+    """When a record writes the checkpoint: the last one's size and main-thread seconds, and when it ended."""
+
+    def __init__(self):
+        self.bytes, self.seconds, self.at = 0, 0.0, time.monotonic()
+
+    def taken(self, started: float, state_bytes: int) -> None:
+        self.at = time.monotonic()
+        self.bytes, self.seconds = state_bytes, self.at - started
+
+    def due(self, first: bool, last: bool) -> bool:
+        """Always at the first and the last step and for a small state; for a large one once the time since
+        the last checkpoint is at least its cost / CHECKPOINT_SHARE."""
+        if first or last or self.bytes < LARGE_CHECKPOINT_BYTES:
+            return True
+        return (time.monotonic() - self.at) * CHECKPOINT_SHARE >= self.seconds
+
+
 class RunBreakdown(PitcheckError):
     """The run's state broke down; the run ended at its last good state, which is committed."""
 
@@ -67,15 +85,12 @@ class Trajectory:
         self.out = self.store.path
         self.progress_enabled = progress
         self.threads = threads  # None: the process's thread policy (pitcheck.infra.threads)
-        self.rows: list[dict] = []
-        self.events: list[dict] = []
+        self.rows, self.events = [], []  # the metrics rows and the events so far
         self.event_lines = EventLines()  # events.jsonl's lines so far (each commit encodes the new events only)
         self.crossed: set[str] = set()
-        self.step = 0
-        self.resumed_from = None
+        self.step, self.resumed_from = 0, None
         self.broken: dict | None = None  # the breakdown event a resumed run had already ended in
-        # the last checkpoint's size and main-thread seconds, and when it was taken (the cadence's inputs)
-        self.checkpoint_bytes, self.checkpoint_seconds, self.checkpoint_at = 0, 0.0, time.monotonic()
+        self.cadence = CheckpointCadence()
         if resume and not self.out.exists():
             raise PitcheckError(f"nothing to resume: {self.out} does not exist (without --resume a run starts there)")
         # everything that needs no directory is built and checked first: a run refused there creates nothing
@@ -131,17 +146,7 @@ class Trajectory:
         commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later,
                event_lines=self.event_lines, with_checkpoint=with_checkpoint)
         if with_checkpoint:
-            self.checkpoint_at = time.monotonic()
-            self.checkpoint_seconds = self.checkpoint_at - started
-            self.checkpoint_bytes = self.pair.state_bytes()
-
-    def _checkpoint_due(self) -> bool:
-        """Whether this record writes the checkpoint: always at the first and the last step and for a small
-        state; for a large one when the time since the last checkpoint is at least its cost / CHECKPOINT_SHARE."""
-        if (checkpoint_step_of(self.store.record) is None or self.step >= self.config.steps
-                or self.checkpoint_bytes < LARGE_CHECKPOINT_BYTES):
-            return True
-        return (time.monotonic() - self.checkpoint_at) * CHECKPOINT_SHARE >= self.checkpoint_seconds
+            self.cadence.taken(started, self.pair.state_bytes())
 
     def _event(self, step: int, event: dict) -> None:
         self.events.append({"step": step, **event})
@@ -154,14 +159,12 @@ class Trajectory:
                                 u=self.policy.u):
             self._event(self.step, event)
 
-    def _record(self) -> None:
-        self.measure()
-        self._commit(later=True, with_checkpoint=self._checkpoint_due())
-
-    # ---- for a batch of runs stepped together (trajectory/batched.py) ---------------------------
     def record(self) -> None:
-        """Measure the current state and commit it: what the loop does at each recorded step."""
-        self._record()
+        """Measure the current state and commit it: what the loop (and a batch of runs stepped together,
+        trajectory/batched.py) does at each recorded step."""
+        self.measure()
+        self._commit(later=True, with_checkpoint=self.cadence.due(
+            first=checkpoint_step_of(self.store.record) is None, last=self.step >= self.config.steps))
 
     def checkpoint(self) -> None:
         """Commit the current state (rows unchanged): what the loop does when interrupted."""
@@ -243,17 +246,17 @@ class Trajectory:
         probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if plan.adaptive else None
         try:
             if self.step == 0 and not self.rows:
-                self._record()
+                self.record()
             while self.step < cfg.steps:
                 if stop:
                     raise KeyboardInterrupt
                 self._advance(names, probe)
                 if marks and self.step == marks[0]:
                     marks.pop(0)
-                    self._record()
+                    self.record()
                 progress.update(self.step)
             if not self.rows or self.rows[-1]["step"] != self.step:
-                self._record()
+                self.record()
             self.store.drain()
         except KeyboardInterrupt:
             if not self.rows:  # interrupted before the first record: nothing to keep

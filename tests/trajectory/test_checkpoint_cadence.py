@@ -68,24 +68,19 @@ def test_records_between_checkpoints_keep_the_last_and_a_resume_recomputes_their
     assert "checkpoint_step" not in commit_record(tmp_path / "cut")  # the last record checkpoints
 
 
-def test_a_checkpoint_is_due_once_its_cost_is_the_share_of_the_time_since(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "LARGE_CHECKPOINT_BYTES", 0)
-    t = loop.Trajectory(replace(CFG, steps=10), tmp_path / "r", progress=False)
-    try:
-        t.record()  # the first record: always a checkpoint
-        clock = [t.checkpoint_at]
-        monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
-        t.checkpoint_seconds = 1.0
-        t.step = 5
-        clock[0] = t.checkpoint_at + 19.0  # 1 s of checkpoint in 19 s: over 5%
-        assert not t._checkpoint_due()
-        clock[0] = t.checkpoint_at + 20.0
-        assert t._checkpoint_due()
-        t.step = 10  # the last step always checkpoints
-        clock[0] = t.checkpoint_at
-        assert t._checkpoint_due()
-    finally:
-        t.close()
+def test_a_checkpoint_is_due_once_its_cost_is_the_share_of_the_time_since(monkeypatch):
+    monkeypatch.setattr(loop, "LARGE_CHECKPOINT_BYTES", 100)
+    clock = [1000.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    cadence = loop.CheckpointCadence()
+    cadence.taken(started=999.0, state_bytes=100)  # 1 s for a large state
+    clock[0] = 1019.0  # 1 s of checkpoint in 19 s: over 5%
+    assert not cadence.due(first=False, last=False)
+    assert cadence.due(first=True, last=False) and cadence.due(first=False, last=True)
+    clock[0] = 1020.0
+    assert cadence.due(first=False, last=False)
+    cadence.taken(started=1020.0, state_bytes=99)  # a small state: every record
+    assert cadence.due(first=False, last=False)
 
 
 def test_a_commit_record_whose_kept_checkpoint_is_not_the_files_is_refused(tmp_path, monkeypatch):
