@@ -116,7 +116,7 @@ PLANTED += [
     ("pitcheck/infra/rundir.py", "            self.raised = True\n            raise self.failed\n", "            self.raised = True\n",
      CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... a commit made after it not refused ...
-    ("pitcheck/infra/rundir.py", "        self.queue.check()\n        record = ", "        record = ",
+    ("pitcheck/infra/rundir.py", "        self.queue.check()\n        kept = ", "        kept = ",
      CT + "test_a_failed_later_commit_raises_at_drain_and_nothing_after_it_is_written"),
     # ... or a forked child handed its parent's executor, whose thread it does not have
     ("pitcheck/infra/rundir.py", "if _COMMITTER is None or _COMMITTER[0] != os.getpid():", "if _COMMITTER is None:",
