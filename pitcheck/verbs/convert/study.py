@@ -98,8 +98,12 @@ def plot_study(out: Path, curves: dict[str, list[dict]], stem: str = "smollm2", 
         ax.set_xlabel("step")
         if log:
             ax.set_yscale("log")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
+    # below the panels, where it hides no curve
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    ncol = min(len(names), 4)
+    fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    legend_rows = -(-len(names) // ncol)
+    fig.tight_layout(rect=(0, (0.18 * legend_rows + 0.25) / fig.get_figheight(), 1, 1))  # 0.18 in a legend row
     return save_png_and_svg(plt, fig, out, stem)
 
 
