@@ -6,8 +6,6 @@ halved; after LOSS_SCALE_GROWTH_INTERVAL clean steps in a row it doubles.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..numerics.formats import FORMATS, overflow_threshold, round_to
@@ -24,13 +22,10 @@ def magnitude_peaks(arrays) -> list[float]:
         return [float(np.abs(g).max(initial=0.0)) for g in arrays]
     import torch  # a tensor's: torch is imported already
 
-    peaks = [g.abs().amax() if g.numel() else torch.zeros((), dtype=g.dtype, device=g.device) for g in arrays]
-    return [float(x) for x in torch.stack([p.to(torch.float64) for p in peaks]).tolist()]
-
-
-def all_finite(g) -> bool:
-    """Whether every entry of a numpy array or a torch tensor (on any device) is finite."""
-    return math.isfinite(magnitude_peaks([g])[0])
+    tensors = [g for g in arrays if not isinstance(g, np.ndarray)]
+    peaks = [g.abs().amax() if g.numel() else torch.zeros((), dtype=g.dtype, device=g.device) for g in tensors]
+    read = iter(torch.stack([p.to(torch.float64) for p in peaks]).tolist())
+    return [float(np.abs(g).max(initial=0.0)) if isinstance(g, np.ndarray) else next(read) for g in arrays]
 
 
 def peak_fits(peak: float, fmt: str) -> bool:
