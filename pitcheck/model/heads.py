@@ -220,9 +220,9 @@ class TableHead:
         return self.stored()[0]
 
     def model_gradients(self, names, seed: int, step: int, params, probe=None, stream: str = "numpy") -> dict:
-        if stream == "counter":  # each table's G_Z part of its own stream, drawn where the tables are
-            shape, width = self.stored_tables["E"].shape, self.stored_tables["E"].shape[1]
-            return {k: self.arrays.drawn(counter_gradient(names, (shape, (width, width)), seed, step,
+        if stream == "counter":  # each table's G_Z part of its own stream (no G_L: a table has no T)
+            shape = self.stored_tables["E"].shape
+            return {k: self.arrays.drawn(counter_gradient(names, (shape, (0, 0)), seed, step,
                                                           self.arrays.draw_device, stream=i))[0]
                     for i, k in enumerate(self.tables)}
         E, B = self.stored()
