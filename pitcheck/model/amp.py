@@ -6,6 +6,8 @@ halved; after LOSS_SCALE_GROWTH_INTERVAL clean steps in a row it doubles.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..numerics.formats import FORMATS, overflow_threshold, round_to
@@ -22,10 +24,16 @@ def magnitude_peaks(arrays) -> list[float]:
         return [float(np.abs(g).max(initial=0.0)) for g in arrays]
     import torch  # a tensor's: torch is imported already
 
-    tensors = [g for g in arrays if not isinstance(g, np.ndarray)]
-    peaks = [g.abs().amax() if g.numel() else torch.zeros((), dtype=g.dtype, device=g.device) for g in tensors]
-    read = iter(torch.stack([p.to(torch.float64) for p in peaks]).tolist())
+    read = iter(peak_vector([g for g in arrays if not isinstance(g, np.ndarray)]).tolist())
     return [float(np.abs(g).max(initial=0.0)) if isinstance(g, np.ndarray) else next(read) for g in arrays]
+
+
+def peak_vector(tensors):
+    """max |g| of each tensor as one float64 vector on their device (0 for an empty one), not yet read."""
+    import torch  # a tensor's: torch is imported already
+
+    peaks = [g.abs().amax() if g.numel() else torch.zeros((), dtype=g.dtype, device=g.device) for g in tensors]
+    return torch.stack([p.to(torch.float64) for p in peaks])
 
 
 def peak_fits(peak: float, fmt: str) -> bool:
@@ -54,9 +62,17 @@ class LossScaler:
     def scaled(self, G: np.ndarray) -> np.ndarray:
         return G * self.scale if self.enabled else G
 
-    def scaled_peak(self, peak: float) -> float:
-        """max |G * scale| from max |G|: the product's rounding is monotone, so it is the same double."""
-        return peak * self.scale if self.enabled else peak
+    def scaled_peak(self, peak: float, scale: float | None = None) -> float:
+        """max |G * scale| from max |G|: the product's rounding is monotone, so it is the same double.
+        scale: the scale the gradient was multiplied by (default the present one)."""
+        if not self.enabled:
+            return peak
+        return peak * (self.scale if scale is None else scale)
+
+    def admits(self, peaks: list[float], fmt: str, scale: float | None = None) -> bool:
+        """Whether gradients of these peaks, multiplied by `scale` (default the present one), are all finite
+        and fit format fmt: the two tests a step's admission makes."""
+        return all(map(math.isfinite, peaks)) and all(peak_fits(self.scaled_peak(x, scale), fmt) for x in peaks)
 
     def unscale(self, g):
         return g / self.scale

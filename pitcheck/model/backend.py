@@ -76,6 +76,11 @@ class ArrayBackend:
         else:
             raise PitcheckError(f"unknown backend {name!r}; choose numpy or torch")
 
+    @staticmethod
+    def nbytes(x) -> int:
+        """The bytes an array or tensor holds."""
+        return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+
     def to(self, x, fmt: str):
         """x held in format fmt on this backend (numpy: float64 whatever fmt, the reference's only format)."""
         if self.name == "numpy":

@@ -58,7 +58,7 @@ class StackedPit:
         self.lr = self._to(lrs, self.policy.factor)
         # the loss scale and clean-step count of each cell (1.0 and 0 without loss scaling)
         self.scales = np.array([e.loss_scale for e in engines], dtype=np.float64)
-        self.good_steps = np.array([e.good_steps for e in engines], dtype=np.int64)
+        self.good_steps = np.array([e.scaler.good_steps for e in engines], dtype=np.int64)
         self.previous = self.master
         self.previous_scaling = (self.scales, self.good_steps)
         self.threshold = overflow_threshold(self.policy.gradient)
@@ -192,7 +192,7 @@ class StackedPit:
         engine.master = {k: copy(v[cell]) for k, v in source.items()}
         engine.model.refresh(engine.master)
         scales, good_steps = self.previous_scaling if previous else (self.scales, self.good_steps)
-        engine.loss_scale, engine.good_steps = float(scales[cell]), int(good_steps[cell])
+        engine.loss_scale, engine.scaler.good_steps = float(scales[cell]), int(good_steps[cell])
 
     def put(self, cell: int, engine) -> None:
         """Cell `cell` of the stack from its engine's state (after it took a step alone), the others untouched.
@@ -205,5 +205,5 @@ class StackedPit:
 
         self.master = {k: replaced(v, engine.master[k]) for k, v in self.master.items()}
         self.scales = replaced(self.scales, engine.loss_scale)
-        self.good_steps = replaced(self.good_steps, engine.good_steps)
+        self.good_steps = replaced(self.good_steps, engine.scaler.good_steps)
         self._refresh()

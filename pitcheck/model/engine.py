@@ -12,13 +12,13 @@ The numpy backend is the float64 reference; the torch backend runs any policy on
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from .amp import LossScaler, magnitude_peaks, peak_fits
+from .amp import LossScaler, magnitude_peaks, peak_fits, peak_vector
 from .backend import ArrayBackend, resolve_device  # noqa: F401  (resolve_device: part of this module's API)
 from ..infra.errors import PitcheckError
 from .heads import PitHead, StateBreakdown  # noqa: F401  (StateBreakdown: raised by step)
@@ -77,14 +77,6 @@ class Engine:
     def loss_scale(self, value: float) -> None:
         self.scaler.scale = value
 
-    @property
-    def good_steps(self) -> int:
-        return self.scaler.good_steps
-
-    @good_steps.setter
-    def good_steps(self, value: int) -> None:
-        self.scaler.good_steps = value
-
     # ---- state -------------------------------------------------------------------------------
     def initialise(self, Z0: np.ndarray, L0: np.ndarray) -> None:
         master, moment_shapes = self.model.initial(Z0, L0)
@@ -108,11 +100,11 @@ class Engine:
     def snapshot(self) -> tuple:
         """The state between steps, by reference: a step replaces these arrays, it never writes into them."""
         source = self.source.snapshot() if self.source else None
-        return (self.master, dict(self.opt), self.loss_scale, self.good_steps, self.opt_step,
+        return (self.master, dict(self.opt), self.loss_scale, self.scaler.good_steps, self.opt_step,
                 self.quantisers.snapshot(), source)
 
     def restore(self, snap: tuple) -> None:
-        master, opt, self.loss_scale, self.good_steps, self.opt_step, quantisers, source = snap
+        master, opt, self.loss_scale, self.scaler.good_steps, self.opt_step, quantisers, source = snap
         self.master, self.opt = master, dict(opt)
         self.quantisers.restore(quantisers)
         if self.source:
@@ -121,16 +113,13 @@ class Engine:
 
     def state_bytes(self) -> int:
         """The bytes of the master parameters and the optimizer's moments, as held (a checkpoint's bulk)."""
-        def size(x) -> int:
-            return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
-
-        return sum(size(v) for v in (*self.master.values(), *self.opt.values()))
+        return sum(map(self.arrays.nbytes, (*self.master.values(), *self.opt.values())))
 
     def state_dict(self) -> dict:
         d = {f"master_{k}": self.arrays.numpy(v) for k, v in self.master.items()}
         d.update({f"opt_{k}": self.arrays.numpy(v) for k, v in self.opt.items()})
         d["loss_scale"] = np.float64(self.loss_scale)
-        d["good_steps"] = np.int64(self.good_steps)
+        d["good_steps"] = np.int64(self.scaler.good_steps)
         d["opt_step"] = np.int64(self.opt_step)
         d.update({f"quantiser_{k}": v for k, v in self.quantisers.state_dict().items()})
         if self.source:
@@ -143,7 +132,7 @@ class Engine:
         self.master = {k[7:]: to(v, p.master) for k, v in d.items() if k.startswith("master_")}
         self.opt = {k[4:]: to(d[k], p.factor) for k in d if k.startswith("opt_") and k != "opt_step"}
         self.loss_scale = float(d["loss_scale"])
-        self.good_steps = int(d["good_steps"])
+        self.scaler.good_steps = int(d["good_steps"])
         self.opt_step = int(d["opt_step"])
         self.quantisers.load_state_dict({k[10:]: v for k, v in d.items() if k.startswith("quantiser_")})
         if self.source:
@@ -216,6 +205,13 @@ class Engine:
     def _admit(self, grads: dict) -> tuple[dict | None, list[dict]]:
         """Gradients in the factor dtype, unscaled; or None and the event when the step must be skipped."""
         p = self.policy
+        checks = self.ops.checks
+        if checks.deferring and not any(isinstance(g, np.ndarray) for g in grads.values()):
+            # the peaks stay on the device, judged at the settle by the rule below with this step's scale
+            checks.keep(peak_vector(list(grads.values())),
+                        functools.partial(self.scaler.admits, fmt=p.gradient, scale=self.loss_scale))
+            cast = {k: (self.arrays.to(self.scaler.scaled(g), p.gradient), True) for k, g in grads.items()}
+            return {k: self.scaler.unscale(self.arrays.to(g, p.factor)) for k, (g, _) in cast.items()}, []
         peaks = magnitude_peaks(grads.values())  # finiteness and overflow from one vector of peaks
         if not all(map(math.isfinite, peaks)):
             return None, [{"event": "nonfinite_gradient", "action": "step skipped"}]

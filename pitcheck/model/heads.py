@@ -92,7 +92,7 @@ class PitHead:
         if not self.ops.isfinite_all(self.L):
             return StateBreakdown(f"L has non-finite entries in {p.storage} storage", "L")
         diag = self.ops.diag(self.L)
-        if not bool((diag > 0).all()):
+        if not self.ops.all_true(diag > 0):
             low = float(diag.min())
             return StateBreakdown(f"L's diagonal reached {low:g} in {p.storage} storage: T = L L^T is singular "
                                   "and the embedding's triangular solves would divide by zero", "T")

@@ -16,6 +16,7 @@ from ..infra.threads import thread_policy
 from .checkpoint import Resume, check_restart, checkpoint_step_of, commit, input_hashes, manifest
 from .config import RunConfig, check_argument, recorded_steps
 from .sharded import make_lockstep
+from .speculation import Speculation, speculates
 
 # A record writes the checkpoint (the whole state: Z, L, the optimizer's moments, the shadow's) only while
 # checkpoints stay this share of the run's wall time, once the state is this large: at 32768 x 512 a
@@ -69,6 +70,29 @@ def _remove_created(out: Path, created: list[Path], lock_existed: bool) -> None:
         pass
 
 
+def _holds_checkpoint_to_resume(store: RunDir, config: RunConfig, resume: bool, force: bool) -> bool:
+    """Ready the open directory for the run: True where it holds a run to go on from its checkpoint; a run
+    without one that the config may restart, or any run with force, is cleared."""
+    if force:
+        store.clear()
+        return False
+    if store.has_run():
+        if not resume:
+            raise PitcheckError(f"{store.path} already holds a run; pass --resume to continue it, --force to "
+                                "replace it, or choose another --out")
+        if store.has(CHECKPOINT):
+            return True
+        check_restart(store, config)
+        store.clear()
+        return False
+    names = store.foreign_files()
+    if names:
+        raise PitcheckError(f"{store.path} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                            " and holds no pitcheck run: choose a new or empty directory, or pass --force to "
+                            "write the run beside those files")
+    return False
+
+
 class Trajectory:
     """A run: build it from a config and an output directory, then call `run()`.
 
@@ -91,6 +115,7 @@ class Trajectory:
         self.step, self.resumed_from = 0, None
         self.broken: dict | None = None  # the breakdown event a resumed run had already ended in
         self.cadence = CheckpointCadence()
+        self.speculation: Speculation | None = None  # the loop's, where the run defers its checks
         if resume and not self.out.exists():
             raise PitcheckError(f"nothing to resume: {self.out} does not exist (without --resume a run starts there)")
         # everything that needs no directory is built and checked first: a run refused there creates nothing
@@ -109,22 +134,8 @@ class Trajectory:
             raise
 
     def _prepare(self, resume: bool, force: bool) -> None:
-        if force:
-            self.store.clear()
-        elif self.store.has_run():
-            if not resume:
-                raise PitcheckError(f"{self.out} already holds a run; pass --resume to continue it, --force to "
-                                    "replace it, or choose another --out")
-            if self.store.has(CHECKPOINT):
-                self._resume()
-            else:
-                check_restart(self.store, self.config)
-                self.store.clear()
-        elif self.store.foreign_files():
-            names = self.store.foreign_files()
-            raise PitcheckError(f"{self.out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                                " and holds no pitcheck run: choose a new or empty directory, or pass --force to "
-                                "write the run beside those files")
+        if _holds_checkpoint_to_resume(self.store, self.config, resume, force):
+            self._resume()
         # built once, before the first commit: it imports torch, which takes seconds
         self.manifest_data = manifest(self.config, self.pair, self.resumed_from, self.inputs)
         if self.engine.source:
@@ -185,6 +196,9 @@ class Trajectory:
 
     def _advance(self, names: list[str], probe, gradients=None) -> None:
         grads, shadow_grads = gradients or self.pair.gradients(names, self.step, probe)
+        if self.speculation and self.speculation.takes(self.step):
+            self.step = self.speculation.step(grads, shadow_grads, self.step)
+            return
         try:
             self._step(grads, shadow_grads)
         except StateBreakdown as exc:
@@ -203,6 +217,13 @@ class Trajectory:
                                  + ", ".join(f"{n} {name}" for name, n in sorted(kinds.items())) + ")")
         for e in events:
             self._event(self.step + 1, e)
+
+    def settled(self) -> bool:
+        """Whether the steps taken stand (their deferred checks held); if not, the run is back at its last settled step."""
+        if self.speculation is None:
+            return True
+        at, self.step = self.step, self.speculation.settle(self.step)
+        return self.step == at
 
     def _breakdown_error(self, event: dict) -> RunBreakdown:
         return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
@@ -244,14 +265,16 @@ class Trajectory:
         progress = Progress(cfg.steps, f"{cfg.backend}/{cfg.precision}/{cfg.retraction}", self.progress_enabled)
         names, plan = list(self.pair.plan.adversaries), self.pair.plan
         probe = (lambda GZ, GL: self.pair.probe(self.step, GZ, GL)) if plan.adaptive else None
+        self.speculation = Speculation(self.pair) if speculates(plan, cfg.backend) else None
         try:
             if self.step == 0 and not self.rows:
                 self.record()
-            while self.step < cfg.steps:
+            # the last step ends the loop only once its deferred checks held (else the run went back)
+            while self.step < cfg.steps or not self.settled():
                 if stop:
                     raise KeyboardInterrupt
                 self._advance(names, probe)
-                if marks and self.step == marks[0]:
+                if marks and self.step == marks[0] and self.settled():
                     marks.pop(0)
                     self.record()
                 progress.update(self.step)
@@ -261,7 +284,8 @@ class Trajectory:
         except KeyboardInterrupt:
             if not self.rows:  # interrupted before the first record: nothing to keep
                 raise RunInterrupted(f"interrupted before the first step of {self.out}; nothing was written") from None
-            # keep the work done: checkpoint this step (metrics rows stay those of the recorded steps)
+            # keep the work done: checkpoint this step, once it stands (metrics rows stay those of the recorded steps)
+            self.settled()
             self._commit()
             raise RunInterrupted(interrupted_message(self.step, self.out)) from None
         finally:

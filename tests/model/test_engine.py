@@ -242,7 +242,7 @@ def test_the_loss_scale_after_2001_clean_steps_is_doubled_once():
     history = []
     for k in range(2001):
         assert eng.step(zero, k) == []
-        history.append((eng.loss_scale, eng.good_steps))
+        history.append((eng.loss_scale, eng.scaler.good_steps))
     assert history[1998] == (2.0**16, 1999)
     assert history[1999] == (2.0**17, 0)
     assert history[2000] == (2.0**17, 1)
@@ -252,13 +252,13 @@ def test_the_loss_scale_after_2001_clean_steps_is_doubled_once():
 def test_the_fp16_loss_scale_grows_at_the_2000th_clean_step():
     eng = _engine("sgd", lr=0.0625, backend="torch", precision="fp16")
     zero = {"Z": np.zeros_like(Z0), "L": np.zeros_like(L0)}
-    eng.good_steps = 1998
+    eng.scaler.good_steps = 1998
     eng.step(zero, 1998)
-    assert (eng.loss_scale, eng.good_steps) == (2.0**16, 1999)
+    assert (eng.loss_scale, eng.scaler.good_steps) == (2.0**16, 1999)
     eng.step(zero, 1999)
-    assert (eng.loss_scale, eng.good_steps) == (2.0**17, 0)
+    assert (eng.loss_scale, eng.scaler.good_steps) == (2.0**17, 0)
     eng.step(zero, 2000)
-    assert (eng.loss_scale, eng.good_steps) == (2.0**17, 1)
+    assert (eng.loss_scale, eng.scaler.good_steps) == (2.0**17, 1)
 
 
 def test_loss_scale_constants_are_gradscalers():
@@ -267,18 +267,18 @@ def test_loss_scale_constants_are_gradscalers():
 
 def test_gradient_overflow_halves_the_loss_scale_and_resets_the_count():
     eng = _engine("sgd", lr=0.0625, backend="torch", precision="fp16")
-    eng.good_steps = 7
+    eng.scaler.good_steps = 7
     before = _master(eng)
     # 1.0 * 2^16 = 65536 rounds to inf in fp16 (its largest is 65504, the overflow threshold 65520)
     events = eng.step({"Z": np.zeros_like(Z0), "L": np.array([[0.0, 0.0], [1.0, 0.0]])}, 0)
     assert events == [{"event": "gradient_overflow", "format": "fp16", "loss_scale": 65536.0,
                        "action": "step skipped, loss scale halved"}]
-    assert (eng.loss_scale, eng.good_steps, eng.opt_step) == (32768.0, 0, 0)
+    assert (eng.loss_scale, eng.scaler.good_steps, eng.opt_step) == (32768.0, 0, 0)
     for k, v in _master(eng).items():
         np.testing.assert_array_equal(v, before[k])
     # at the halved scale it fits: 32768 < 65520
     assert eng.step({"Z": np.zeros_like(Z0), "L": np.array([[0.0, 0.0], [1.0, 0.0]])}, 1) == []
-    assert (eng.loss_scale, eng.good_steps) == (32768.0, 1)
+    assert (eng.loss_scale, eng.scaler.good_steps) == (32768.0, 1)
 
 
 @pytest.mark.parametrize("fmt,value,fits", [
@@ -329,7 +329,7 @@ def test_no_loss_scaling_in_fp64_and_clean_steps_are_not_counted():
     eng = _engine("sgd")
     assert eng.loss_scale == 1.0
     eng.step({"Z": GZ, "L": GL}, 0)
-    assert (eng.loss_scale, eng.good_steps) == (1.0, 0)
+    assert (eng.loss_scale, eng.scaler.good_steps) == (1.0, 0)
     # a large gradient is not scaled, and is no overflow in fp64
     g, fits = eng.gradient_in_format(np.array([[3.0]]))
     assert fits and float(g[0, 0]) == 3.0
@@ -465,9 +465,9 @@ def test_snapshot_and_restore_bring_back_every_part_of_the_state():
     snap = eng.snapshot()
     Z_before = eng.stored()[0]
     eng.step({"Z": GZ / 16, "L": GL / 16}, 0)  # 2 / 16 * 2^16 fits fp16
-    assert eng.opt_step == 1 and eng.good_steps == 1
+    assert eng.opt_step == 1 and eng.scaler.good_steps == 1
     eng.restore(snap)
-    assert (eng.opt_step, eng.good_steps, eng.loss_scale) == (0, 0, 65536.0)
+    assert (eng.opt_step, eng.scaler.good_steps, eng.loss_scale) == (0, 0, 65536.0)
     np.testing.assert_array_equal(eng.stored()[0], Z_before)
     assert not any(bool(v.abs().max() > 0) for v in eng.opt.values())
 
@@ -481,7 +481,7 @@ def test_state_dict_round_trip_continues_identically():
     b = Engine("torch", get_policy("fp16"), StepSettings("none", "adam", 0.1), device="cpu")
     b.initialise(np.eye(4, 2), np.eye(2))
     b.load_state_dict(d)
-    assert (b.loss_scale, b.good_steps, b.opt_step) == (65536.0, 1, 1)
+    assert (b.loss_scale, b.scaler.good_steps, b.opt_step) == (65536.0, 1, 1)
     assert sorted(b.opt) == sorted(a.opt)
     assert b.opt["mZ"].dtype == torch.float32 and b.master["Z"].dtype == torch.float16
     for eng in (a, b):
@@ -648,7 +648,7 @@ def test_torch_engine_on_cpu_emulates_the_policys_matmul(precision, matmul_forma
     assert eng.ops.native is (matmul_dtype is None)
     assert eng.emulated == emulated
     assert eng.loss_scale == (65536.0 if get_policy(precision).loss_scaling else 1.0)
-    assert (eng.good_steps, eng.opt_step, eng.source) == (0, 0, None)
+    assert (eng.scaler.good_steps, eng.opt_step, eng.source) == (0, 0, None)
     assert eng.arrays.dtypes[get_policy(precision).storage] == {"fp64": torch.float64, "fp32": torch.float32,
                                                          "bf16": torch.bfloat16, "fp16": torch.float16}[
         get_policy(precision).storage]

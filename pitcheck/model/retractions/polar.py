@@ -27,10 +27,12 @@ def retract_polar_gram(Z, xi, ops=None):
     # eigh's eigenvalues are accurate to about u ||G|| each: one below D u ||G|| is indistinguishable from
     # zero (or rounded negative) and would give inf or NaN. This guards against breakdown only: above it,
     # the result's orthonormality error still grows like u ||G|| / w_min (a Gram squares cond(Y))
-    w_min, w_max = float(w.min()), float(w.max())
-    if not w_min > Y.shape[1] * ops.dtype_unit_roundoff(w) * w_max:
+    w_min, w_max = w.min(), w.max()
+    if hasattr(w_min, "double"):  # a tensor's: compared in float64 on its device, one read or a deferred check
+        w_min, w_max = w_min.double(), w_max.double()
+    if not ops.all_true(w_min > Y.shape[1] * ops.dtype_unit_roundoff(w) * w_max):
         raise RetractionError(f"polar-gram: Gram matrix of Z + xi is singular to working precision "
-                              f"(eigenvalues {w_min:.3g} .. {w_max:.3g})")
+                              f"(eigenvalues {float(w_min):.3g} .. {float(w_max):.3g})")
     return ops.matmul(Y, ops.matmul(Q / ops.sqrt(w), Q.T))
 
 

@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ...trajectory import RunConfig, Trajectory, recorded_steps
+from ...trajectory.speculation import Speculation, speculates
 
 # the schedule a run step is amortised over: the default grid's 10^4 steps, recorded as a run records them
 AMORTISED_STEPS = 10_000
@@ -34,15 +35,16 @@ class RunTimer:
             raise
 
     def __post_init__(self):
-        self._names = list(self.trajectory.pair.plan.adversaries)
+        t = self.trajectory
+        if speculates(t.pair.plan, self.config.backend):  # as the loop steps it (on CUDA): checks deferred
+            t.speculation = Speculation(t.pair)
 
     def step(self) -> None:
-        t = self.trajectory
-        grads, shadow_grads = t.pair.gradients(self._names, t.step, None)
-        t.pair.step(grads, shadow_grads, t.step)
-        t.step += 1
+        """One step as the loop takes it; speculating, a settle (one read per engine) every SETTLE_EVERY calls."""
+        self.trajectory.take_step()
 
     def record(self) -> None:
+        self.trajectory.settled()  # a run records only steps that stand
         self.trajectory.record()
 
     def measure(self) -> None:
