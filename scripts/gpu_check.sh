@@ -10,10 +10,10 @@
 # before `auto` kept small cells on the CPU), zoo (every module of tests/zoo through `pitcheck validate --device
 # cuda` in float32 and bfloat16: correct_* must pass, broken_* fail their check; $OUT/zoo/zoo.md, whose
 # timeouts name their slowest phases), runloop (the run loop's costs and accuracy on CUDA: `pitcheck bench --device cuda`
-# with a run step, a metrics row and a commit timed apart at 8192 x 128, 32768 x 512 and 49152 x 576, on the host's
-# gradient stream and on the counter stream drawn on the GPU; each exact map's
-# distance from the manifold on CUDA against the CPU; the counter-based normals, the float64 factorisations and
-# the deferred step checks on CUDA; a whole 1000-step run at 32768 x 512 timed as a user starts it). Each section has its own time limit (LIMIT below), so one that hangs
+# with a run step, a metrics row and a commit timed apart, on the host's gradient stream at 8192 x 128 and 32768 x 512
+# and on the counter stream drawn on the GPU at those and 49152 x 576; each exact map's distance from the manifold on
+# CUDA against the CPU; the counter-based normals and the float64 factorisations on CUDA; a whole 500-step run at
+# 32768 x 512 timed as a user starts it; the deferred checks' tests run in `tests`). Each section has its own time limit (LIMIT below), so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
 # treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
 # own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
@@ -27,8 +27,8 @@ START=$(date +%s)
 header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
 # each section's time limit in seconds (validate: two runs of half each); a lent machine's call is cut at
 # CALL_LIMIT, so the sections named in one call should sum below it
-declare -A LIMIT=([tests]=120 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
-                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=370)
+declare -A LIMIT=([tests]=180 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
+                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300)
 CALL_LIMIT=${CALL_LIMIT:-600}
 # zoo: validations at once (each its own process and CUDA context) and each one's own limit
 ZOO_JOBS=${ZOO_JOBS:-8}
@@ -36,9 +36,10 @@ ZOO_TIMEOUT=${ZOO_TIMEOUT:-90}
 PYTEST=(-m pytest -q -p no:cacheprovider -o addopts="" --tb=line -rf)
 
 tests() {
-  header "pytest: CUDA tests, the shadow's placement, engine, placements, the NCCL refusal"
+  header "pytest: CUDA tests, the shadow's placement, engine, placements, deferred checks, the NCCL refusal"
   timeout -k 10 ${LIMIT[tests]} $PY "${PYTEST[@]}" tests/model/test_torch_backend.py tests/trajectory/test_shadow_device.py \
-      tests/model/test_engine.py tests/numerics/test_placement.py tests/model/sharded/test_sharded.py::test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts \
+      tests/model/test_engine.py tests/numerics/test_placement.py tests/trajectory/test_speculation.py \
+      tests/trajectory/test_checkpoint_thread.py tests/model/sharded/test_sharded.py::test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts \
       2>&1 | tail -40
 }
 float8() {
@@ -103,22 +104,21 @@ zoo() {
 runloop() {
   header "the run loop on CUDA: bench --device cuda (step, metrics row, commit apart); accuracy against the CPU; normals"
   # the host's numpy gradient stream, then the counter stream drawn on the GPU (--gradient-stream counter)
-  timeout -k 10 110 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
+  timeout -k 10 70 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 \
       --no-peers --retractions qr,cholqr2,polar --rounds 2 --json "$OUT/bench_cuda.json" 2>&1 | tail -45
   timeout -k 10 90 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
       --no-peers --retractions qr,cholqr2 --rounds 2 --gradient-stream counter --json "$OUT/bench_cuda_counter.json" 2>&1 | tail -30
   timeout -k 10 45 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
-  timeout -k 10 60 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/numerics/test_counter_normal.py \
-      tests/numerics/test_factors_float64.py tests/model/test_counter_stream.py tests/trajectory/test_speculation.py \
-      2>&1 | tail -10
+  timeout -k 10 40 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/numerics/test_counter_normal.py \
+      tests/numerics/test_factors_float64.py tests/model/test_counter_stream.py 2>&1 | tail -10
   # a whole run as a user starts it: 32768 x 512 fp32 cholqr2, the float64 shadow, the default records, its
-  # checks deferred (on by default on CUDA); wall time of 1000 steps with its records and commits
+  # checks deferred (on by default on CUDA); wall time of 500 steps with its records and commits (start-up included)
   rm -rf /tmp/runloop-whole
   local t0
   t0=$(date +%s.%N)
-  timeout -k 10 60 $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --retraction cholqr2 \
-      --vocab 32768 --dim 512 --steps 1000 --gradient-stream counter --out /tmp/runloop-whole --no-progress 2>&1 | tail -5
-  echo "whole run rc ${PIPESTATUS[0]} wall $(echo "$(date +%s.%N) - $t0" | bc) s (1000 steps; records and commits included)"
+  timeout -k 10 50 $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --retraction cholqr2 \
+      --vocab 32768 --dim 512 --steps 500 --gradient-stream counter --out /tmp/runloop-whole --no-progress 2>&1 | tail -5
+  echo "whole run rc ${PIPESTATUS[0]} wall $(echo "$(date +%s.%N) - $t0" | bc) s (500 steps; records and commits included)"
   tail -2 /tmp/runloop-whole/metrics.csv 2>/dev/null | cut -c1-120
 }
 

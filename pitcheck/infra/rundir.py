@@ -27,6 +27,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -228,6 +229,22 @@ def write_atomic(path: Path | str, data: bytes) -> None:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+class LaterBytes:
+    """A file's bytes made when its commit is written (by the commit thread, for a commit made with later):
+    the call that makes them; once made, their digest and the seconds the call took. The bytes themselves are
+    dropped once written, and so is the call, with whatever it held (a device's copies)."""
+
+    def __init__(self, make):
+        self.make, self.data, self.digest, self.seconds = make, None, None, None
+
+    def made(self) -> bytes:
+        if self.data is None:
+            started = time.monotonic()
+            self.data, self.make = self.make(), None
+            self.digest, self.seconds = sha256(self.data), time.monotonic() - started
+        return self.data
 
 
 def check_out_file(path: Path | str, option: str = "--out") -> Path:
@@ -437,18 +454,20 @@ class RunDir:
         self.record = None
 
     # ---- committing -------------------------------------------------------------------------
-    def commit(self, step: int, files: dict[str, bytes | None], later: bool = False, **extra) -> None:
+    def commit(self, step: int, files: dict[str, bytes | LaterBytes | None], later: bool = False, **extra) -> None:
         """Replace the run files with these, all or none; a file given as None keeps the last commit's, and
         `extra` adds keys (JSON values) to the commit record. later: return at once and let the process's commit
         thread write them, after every commit made before (drain() waits for them and raises the first error;
-        a commit after a failed one is not written, so the directory keeps the last whole commit)."""
+        a commit after a failed one is not written, so the directory keeps the last whole commit). A file
+        given as LaterBytes is made as its commit is written, on the commit thread for a later one."""
         self.queue.check()
         kept = (self.record or {}).get("files", {})
         held = [name for name, data in files.items() if data is None and name not in kept]
         if held:
             raise PitcheckError(f"{self.path}: {', '.join(held)} cannot be kept: no commit holds it yet")
-        record = {"step": int(step), **extra,
-                  "files": {name: kept[name] if data is None else sha256(data) for name, data in files.items()}}
+        record = {"step": int(step), **extra, "files": {
+            name: kept[name] if data is None else data if isinstance(data, LaterBytes) else sha256(data)
+            for name, data in files.items()}}  # a LaterBytes stands for its digest until it is made
         # a file the last commit already put in place with these bytes stays as it is (a run's manifest, and
         # its events between events): two writes, fsyncs and renames fewer a record
         files = {name: data for name, data in files.items() if kept.get(name) != record["files"][name]}
@@ -464,37 +483,15 @@ class RunDir:
         commit after it still raises it)."""
         self.queue.drain()
 
-    def _write_files(self, step: int, record: dict, files: dict[str, bytes]) -> None:
-        need = sum(len(d) for d in files.values()) + FREE_SPACE_MARGIN
-        try:
-            free = shutil.disk_usage(self.path).free
-        except OSError as exc:
-            raise _oserror("stat", self.path, exc) from None
-        if free < need:
-            raise PitcheckError(f"not enough free space in {self.path}: the commit of step {step} needs "
-                                f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB is free")
-        staged = [self.path / (name + STAGED) for name in files]
-        tmp = self.path / (COMMIT + ".tmp")
-        try:
-            for path, data in zip(staged, files.values()):
-                _write_durable(path, data)
-            _write_durable(tmp, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
-            os.replace(tmp, self.path / COMMIT)  # the commit point
-        except BaseException as exc:
-            # before the commit point: this commit never happened
-            for path in staged + [tmp]:
-                _unlink_quietly(path)
-            if isinstance(exc, OSError):
-                raise _oserror("write", self.path, exc) from None
-            raise
-        # after it: put the files in place; a cut here is finished by the next open
-        try:
-            _fsync_dir(self.path)
-            for path, name in zip(staged, files):
-                os.replace(path, self.path / name)
-            _fsync_dir(self.path)
-        except OSError as exc:
-            raise _oserror("write", self.path, exc) from None
+    def _write_files(self, step: int, record: dict, files: dict[str, bytes | LaterBytes]) -> None:
+        later = [d for d in files.values() if isinstance(d, LaterBytes)]
+        files = {name: d.made() if isinstance(d, LaterBytes) else d for name, d in files.items()}
+        # every LaterBytes a record names is made by now: its own here, a kept one by the commit that made it
+        record = {**record, "files": {name: d.digest if isinstance(d, LaterBytes) else d
+                                      for name, d in record["files"].items()}}
+        _write_commit(self.path, step, record, files)
+        for d in later:
+            d.data = None
 
     # ---- reading ----------------------------------------------------------------------------
     def read_manifest(self) -> dict:
@@ -510,12 +507,48 @@ class RunDir:
         return read_events(self.path / EVENTS)
 
 
+def _write_commit(directory: Path, step: int, record: dict, files: dict[str, bytes]) -> None:
+    """Write a commit's files and its record into the run directory: staged, the record's rename the commit point."""
+    need = sum(len(d) for d in files.values()) + FREE_SPACE_MARGIN
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        raise _oserror("stat", directory, exc) from None
+    if free < need:
+        raise PitcheckError(f"not enough free space in {directory}: the commit of step {step} needs "
+                            f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB is free")
+    staged = [directory / (name + STAGED) for name in files]
+    tmp = directory / (COMMIT + ".tmp")
+    try:
+        for path, data in zip(staged, files.values()):
+            _write_durable(path, data)
+        _write_durable(tmp, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+        os.replace(tmp, directory / COMMIT)  # the commit point
+    except BaseException as exc:
+        # before the commit point: this commit never happened
+        for path in staged + [tmp]:
+            _unlink_quietly(path)
+        if isinstance(exc, OSError):
+            raise _oserror("write", directory, exc) from None
+        raise
+    # after it: put the files in place; a cut here is finished by the next open
+    try:
+        _fsync_dir(directory)
+        for path, name in zip(staged, files):
+            os.replace(path, directory / name)
+        _fsync_dir(directory)
+    except OSError as exc:
+        raise _oserror("write", directory, exc) from None
+
+
 # ---- the file formats ---------------------------------------------------------------------------
 def npz_bytes(arrays: dict) -> bytes:
-    """An .npz as np.savez writes it, but with fixed member timestamps: the same state, the same bytes."""
+    """An .npz as np.savez writes it, but with fixed member timestamps: the same state, the same bytes. A value
+    may be a call that gives the array (a device's copy to the host), made here."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
         for name, value in arrays.items():
+            value = value() if callable(value) else value
             member = io.BytesIO()
             np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
             zf.writestr(zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0)), member.getvalue())

@@ -4,6 +4,8 @@ does not do it natively.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..numerics.arrays import NumpyOps, TorchOps
@@ -30,6 +32,7 @@ class ArrayBackend:
     def __init__(self, name: str, policy: Policy, device: str = "auto"):
         self.name = name
         self.emulated: list[str] = []
+        self._copy_stream = None  # host_copy's CUDA stream, made on first use
         if name == "numpy":
             if policy.name != "fp64":
                 raise PitcheckError(
@@ -94,6 +97,30 @@ class ArrayBackend:
 
     def numpy(self, x) -> np.ndarray:
         return self.ops.to_numpy(x)
+
+    def host_copy(self, x):
+        """numpy(x) later: a call that returns it. On CUDA the copy starts now, on a stream of its own into
+        pinned host memory, so that it overlaps the steps queued after it; the call waits for it and casts to
+        float64 (exact, as numpy's own cast). Elsewhere the conversion itself is left to the call. x is held
+        until then: a step replaces its arrays and never writes into them."""
+        if self.name != "torch" or x.device.type != "cuda":
+            return functools.partial(self.numpy, x)
+        torch = self.torch
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=x.device)
+        stream = self._copy_stream
+        stream.wait_stream(torch.cuda.current_stream(x.device))  # after the work that made x
+        with torch.cuda.stream(stream):
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            host.copy_(x.detach(), non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(stream)
+
+        def result(x=x) -> np.ndarray:
+            copied.synchronize()
+            return host.to(torch.float64).numpy()
+
+        return result
 
     @property
     def draw_device(self) -> str:

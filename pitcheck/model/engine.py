@@ -87,10 +87,10 @@ class Engine:
         self.quantisers.hold_moments(tuple(self.opt))
         self.model.refresh(self.master)
 
-    def stored(self) -> tuple[np.ndarray, np.ndarray]:
+    def stored(self, host=None) -> tuple[np.ndarray, np.ndarray]:
         """The head's two arrays as the model stores and computes with them, as float64 numpy (exact copies):
-        Z and L for PIT, E and B = W^T for the baselines."""
-        return self.model.stored()
+        Z and L for PIT, E and B = W^T for the baselines. host: ArrayBackend.host_copy for calls that give them later."""
+        return self.model.stored(host)
 
     def degenerate(self) -> str | None:
         """Why the stored model cannot compute its maps, or None (the message of its StateBreakdown)."""
@@ -115,9 +115,11 @@ class Engine:
         """The bytes of the master parameters and the optimizer's moments, as held (a checkpoint's bulk)."""
         return sum(map(self.arrays.nbytes, (*self.master.values(), *self.opt.values())))
 
-    def state_dict(self) -> dict:
-        d = {f"master_{k}": self.arrays.numpy(v) for k, v in self.master.items()}
-        d.update({f"opt_{k}": self.arrays.numpy(v) for k, v in self.opt.items()})
+    def state_dict(self, host=None) -> dict:
+        """The state as float64 numpy arrays and scalars (host: as stored()'s, for the large arrays)."""
+        host = host or self.arrays.numpy
+        d = {f"master_{k}": host(v) for k, v in self.master.items()}
+        d.update({f"opt_{k}": host(v) for k, v in self.opt.items()})
         d["loss_scale"] = np.float64(self.loss_scale)
         d["good_steps"] = np.int64(self.scaler.good_steps)
         d["opt_step"] = np.int64(self.opt_step)
@@ -207,15 +209,15 @@ class Engine:
         p = self.policy
         checks = self.ops.checks
         if checks.deferring and not any(isinstance(g, np.ndarray) for g in grads.values()):
-            # the peaks stay on the device, judged at the settle by the rule below with this step's scale
+            # the peaks stay on the device, judged at the settle by the scaler's rule at this step's scale
             checks.keep(peak_vector(list(grads.values())),
                         functools.partial(self.scaler.admits, fmt=p.gradient, scale=self.loss_scale))
             cast = {k: (self.arrays.to(self.scaler.scaled(g), p.gradient), True) for k, g in grads.items()}
-            return {k: self.scaler.unscale(self.arrays.to(g, p.factor)) for k, (g, _) in cast.items()}, []
-        peaks = magnitude_peaks(grads.values())  # finiteness and overflow from one vector of peaks
-        if not all(map(math.isfinite, peaks)):
-            return None, [{"event": "nonfinite_gradient", "action": "step skipped"}]
-        cast = {k: self.gradient_in_format(g, peak) for (k, g), peak in zip(grads.items(), peaks)}
+        else:
+            peaks = magnitude_peaks(grads.values())  # finiteness and overflow from one vector of peaks
+            if not all(map(math.isfinite, peaks)):
+                return None, [{"event": "nonfinite_gradient", "action": "step skipped"}]
+            cast = {k: self.gradient_in_format(g, peak) for (k, g), peak in zip(grads.items(), peaks)}
         if not all(ok for _, ok in cast.values()):
             event = {"event": "gradient_overflow", "format": p.gradient, "loss_scale": self.loss_scale}
             event["action"] = self.scaler.overflowed()

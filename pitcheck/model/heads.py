@@ -81,8 +81,10 @@ class PitHead:
         if placed and placed.l_copy:
             self.L = to(through(self.L, placed.l_copy), p.storage)
 
-    def stored(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.arrays.numpy(self.Z), self.arrays.numpy(self.L)
+    def stored(self, host=None) -> tuple[np.ndarray, np.ndarray]:
+        """host: how a stored array reaches the host (default ArrayBackend.numpy: now; host_copy: later)."""
+        host = host or self.arrays.numpy
+        return host(self.Z), host(self.L)
 
     def breakdown(self) -> StateBreakdown | None:
         """Why the stored model cannot compute its maps, or None: checked before any solve uses L."""
@@ -205,10 +207,11 @@ class TableHead:
     def refresh(self, master: dict) -> None:
         self.stored_tables = {k: self.arrays.to(v, self.policy.storage) for k, v in master.items()}
 
-    def stored(self) -> tuple[np.ndarray, np.ndarray]:
-        """E and B = W^T as stored (the same table twice when tied)."""
-        E = self.arrays.numpy(self.stored_tables["E"])
-        return E, (self.arrays.numpy(self.stored_tables["B"]) if "B" in self.stored_tables else E)
+    def stored(self, host=None) -> tuple[np.ndarray, np.ndarray]:
+        """E and B = W^T as stored (the same table twice when tied); host as PitHead.stored's."""
+        host = host or self.arrays.numpy
+        E = host(self.stored_tables["E"])
+        return E, (host(self.stored_tables["B"]) if "B" in self.stored_tables else E)
 
     def breakdown(self) -> StateBreakdown | None:
         for name, table in self.stored_tables.items():

@@ -2,6 +2,7 @@
 resuming: everything loaded is checked against this run's config and state, with the reason for a refusal."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import platform
 from dataclasses import MISSING, dataclass
@@ -14,7 +15,7 @@ from ..infra.errors import PitcheckError
 from .events import ends_run, malformed
 from ..numerics.metrics import EXTENDED_BITS
 from ..infra.rundir import (CHECKPOINT, EVENTS, LOSS_COLUMNS, MANIFEST, METRIC_COLUMNS, METRICS, SHARD_COLUMNS, EventLines,
-                      RunDir, csv_bytes, events_bytes, manifest_bytes, npz_bytes)
+                      LaterBytes, RunDir, csv_bytes, events_bytes, manifest_bytes, npz_bytes)
 from ..sources.stateful import STATEFUL_SOURCES
 from .config import RunConfig, is_int, recorded_steps
 from .plan import Plan
@@ -82,18 +83,25 @@ def manifest(config: RunConfig, pair: Lockstep, resumed_from: int | None, inputs
 
 
 def commit(store: RunDir, step: int, pair: Lockstep, rows: list[dict], events: list[dict], manifest: dict,
-           later: bool = False, event_lines: EventLines | None = None, with_checkpoint: bool = True) -> None:
-    """One commit of the whole directory at `step` (later: written by the commit thread, RunDir.commit;
-    event_lines: the run's events encoded so far, extended with the new ones). Without with_checkpoint the
-    last commit's checkpoint stays, and the record names its step (`checkpoint_step`): a resume goes on from
-    there and recomputes the rows and events after it, which the same stream gives again bit for bit."""
+           later: bool = False, event_lines: EventLines | None = None, with_checkpoint: bool = True) -> LaterBytes | None:
+    """One commit of the whole directory at `step` (later: written by the commit thread, RunDir.commit, which
+    also makes the checkpoint's bytes from the state's arrays, their copies off a device started here; the
+    checkpoint's LaterBytes is returned; event_lines: the run's events encoded so far, extended with the new
+    ones). Without with_checkpoint the last commit's checkpoint stays, and the record names its step
+    (`checkpoint_step`): a resume goes on from there and recomputes the rows and events after it, which the
+    same stream gives again bit for bit."""
     checkpoint_step = step if with_checkpoint else checkpoint_step_of(store.record)
+    checkpoint = None
+    if with_checkpoint:
+        checkpoint = (LaterBytes(functools.partial(npz_bytes, pair.arrays(step, later=True))) if later
+                      else npz_bytes(pair.arrays(step)))
     store.commit(step, {
-        CHECKPOINT: npz_bytes(pair.arrays(step)) if with_checkpoint else None,
+        CHECKPOINT: checkpoint,
         METRICS: csv_bytes(rows),
         EVENTS: event_lines.encode(events) if event_lines is not None else events_bytes(events),
         MANIFEST: manifest_bytes(manifest),
     }, later=later, **({} if checkpoint_step == step else {"checkpoint_step": checkpoint_step}))
+    return checkpoint if isinstance(checkpoint, LaterBytes) else None
 
 
 def checkpoint_step_of(record: dict | None) -> int | None:

@@ -28,21 +28,32 @@ LARGE_CHECKPOINT_BYTES = 64 * 2**20
 
 
 class CheckpointCadence:
-    """When a record writes the checkpoint: the last one's size and main-thread seconds, and when it ended."""
+    """When a record writes the checkpoint: the last one's size and cost, and when the run's part of it ended.
+
+    Its cost is the run's seconds in the commit call and, for a checkpoint the commit thread makes
+    (checkpoint.commit's LaterBytes), the thread's seconds making its bytes: the device's copies, the
+    archive and its digest."""
 
     def __init__(self):
-        self.bytes, self.seconds, self.at = 0, 0.0, time.monotonic()
+        self.bytes, self.main_seconds, self.at, self.made = 0, 0.0, time.monotonic(), None
 
-    def taken(self, started: float, state_bytes: int) -> None:
+    def taken(self, started: float, state_bytes: int, made=None) -> None:
         self.at = time.monotonic()
-        self.bytes, self.seconds = state_bytes, self.at - started
+        self.bytes, self.main_seconds, self.made = state_bytes, self.at - started, made
+
+    @property
+    def seconds(self) -> float | None:
+        """The last checkpoint's cost; None while the commit thread is still making it."""
+        thread = 0.0 if self.made is None else self.made.seconds
+        return None if thread is None else self.main_seconds + thread
 
     def due(self, first: bool, last: bool) -> bool:
-        """Always at the first and the last step and for a small state; for a large one once the time since
-        the last checkpoint is at least its cost / CHECKPOINT_SHARE."""
+        """Always at the first and the last step and for a small state; for a large one once the last one is
+        made and the time since it is at least its cost / CHECKPOINT_SHARE."""
         if first or last or self.bytes < LARGE_CHECKPOINT_BYTES:
             return True
-        return (time.monotonic() - self.at) * CHECKPOINT_SHARE >= self.seconds
+        cost = self.seconds
+        return cost is not None and (time.monotonic() - self.at) * CHECKPOINT_SHARE >= cost
 
 
 class RunBreakdown(PitcheckError):
@@ -154,10 +165,10 @@ class Trajectory:
         """later (a recorded step's): written by the commit thread; others wait for it (RunDir.commit).
         with_checkpoint False: the rows and events only, the last checkpoint kept."""
         started = time.monotonic()
-        commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later,
-               event_lines=self.event_lines, with_checkpoint=with_checkpoint)
+        made = commit(self.store, self.step, self.pair, self.rows, self.events, self.manifest_data, later=later,
+                      event_lines=self.event_lines, with_checkpoint=with_checkpoint)
         if with_checkpoint:
-            self.cadence.taken(started, self.pair.state_bytes())
+            self.cadence.taken(started, self.pair.state_bytes(), made)
 
     def _event(self, step: int, event: dict) -> None:
         self.events.append({"step": step, **event})

@@ -189,9 +189,10 @@ class ShardedLockstep(Lockstep):
         row["loss_scale"] = self.sharded.scaler.scale
         return row
 
-    def arrays(self, step: int) -> dict:
-        """The checkpoint: the single-process run's arrays as Lockstep saves them, and the sharded model's."""
-        arrays = super().arrays(step)
+    def arrays(self, step: int, later: bool = False) -> dict:
+        """The checkpoint: the single-process run's arrays as Lockstep saves them, and the sharded model's
+        (gathered from the ranks now)."""
+        arrays = super().arrays(step, later)
         arrays.update({f"sharded_{k}": v for k, v in self.sharded.state_dict().items()})
         return arrays
 

@@ -197,13 +197,17 @@ class Lockstep:
         """The bytes a checkpoint's arrays hold (the engines' states, as arrays() gives them)."""
         return sum(engine.state_bytes() for engine in (self.engine, self.shadow) if engine)
 
-    def arrays(self, step: int) -> dict:
-        """The checkpoint's arrays: the step, the stored Z and L, the engines' states."""
-        Z, L = self.engine.stored()
+    def arrays(self, step: int, later: bool = False) -> dict:
+        """The checkpoint's arrays: the step, the stored Z and L, the engines' states. later: the large arrays
+        as calls that give them (ArrayBackend.host_copy; a CUDA device's copies start now), for a commit
+        thread to make the checkpoint's bytes while the run steps on."""
+        host = self.engine.arrays.host_copy if later else None
+        Z, L = self.engine.stored(host)
         arrays = {"step": np.int64(step), "Z": Z, "L": L}
-        arrays.update({f"engine_{k}": v for k, v in self.engine.state_dict().items()})
+        arrays.update({f"engine_{k}": v for k, v in self.engine.state_dict(host).items()})
         if self.shadow:
-            arrays.update({f"shadow_{k}": v for k, v in self.shadow.state_dict().items()})
+            shadow_host = self.shadow.arrays.host_copy if later else None
+            arrays.update({f"shadow_{k}": v for k, v in self.shadow.state_dict(shadow_host).items()})
         return arrays
 
     def load(self, arrays: dict) -> None:

@@ -138,7 +138,7 @@ def test_a_loss_scale_that_grows_between_settles_judges_each_step_at_its_own_sca
 
 def test_a_step_that_answers_a_check_at_once_while_deferring_is_retaken(tmp_path, monkeypatch):
     # numpy gradients are judged on the host as they come: their events arrive during a deferred stretch
-    config = replace(BASE, gradient_stream="numpy", adversary="gaussian,nonfinite", steps=60)
+    config = replace(BASE, gradient_stream="numpy", adversary="gaussian,nonfinite", steps=120)
     retakes = run_both(config, tmp_path, monkeypatch)
     skipped = (tmp_path / "eager" / "events.jsonl").read_text().count("nonfinite_gradient")
     assert skipped > 2 and retakes == skipped
