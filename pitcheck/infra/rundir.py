@@ -242,7 +242,8 @@ class LaterBytes:
     def made(self) -> bytes:
         if self.data is None:
             started = time.monotonic()
-            self.data, self.make = self.make(), None
+            make, self.make = self.make, None  # dropped even when it fails: what it held goes with it
+            self.data = make()
             self.digest, self.seconds = sha256(self.data), time.monotonic() - started
         return self.data
 

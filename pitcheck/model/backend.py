@@ -14,6 +14,15 @@ from ..numerics.formats import FORMATS
 from ..numerics.policy import Policy
 
 
+def host_buffer_like(x, pin_memory: bool = False):
+    """An empty CPU tensor for a copy of x, laid out as x.to("cpu") lays it out (the strides of a dense x kept,
+    found on the meta device without allocating), so that the checkpoint's arrays keep numpy's order."""
+    import torch  # x's: loaded already
+
+    strides = torch.empty_like(x, device="meta").stride()
+    return torch.empty_strided(x.shape, strides, dtype=x.dtype, device="cpu", pin_memory=pin_memory)
+
+
 def resolve_device(device: str) -> str:
     import torch  # deferred: torch takes seconds to import, and the numpy backend never needs it
 
@@ -111,7 +120,7 @@ class ArrayBackend:
         stream = self._copy_stream
         stream.wait_stream(torch.cuda.current_stream(x.device))  # after the work that made x
         with torch.cuda.stream(stream):
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            host = host_buffer_like(x, pin_memory=True)
             host.copy_(x.detach(), non_blocking=True)
             copied = torch.cuda.Event()
             copied.record(stream)

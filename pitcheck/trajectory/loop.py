@@ -81,6 +81,11 @@ def _remove_created(out: Path, created: list[Path], lock_existed: bool) -> None:
         pass
 
 
+def _breakdown_error(out: Path, event: dict) -> RunBreakdown:
+    return RunBreakdown(f"{out} broke down at step {event['step']}: {event['reason']}; the last good "
+                        f"state (step {event['step'] - 1}) is checkpointed, and the run cannot go past it")
+
+
 def _holds_checkpoint_to_resume(store: RunDir, config: RunConfig, resume: bool, force: bool) -> bool:
     """Ready the open directory for the run: True where it holds a run to go on from its checkpoint; a run
     without one that the config may restart, or any run with force, is cleared."""
@@ -236,17 +241,13 @@ class Trajectory:
         at, self.step = self.step, self.speculation.settle(self.step)
         return self.step == at
 
-    def _breakdown_error(self, event: dict) -> RunBreakdown:
-        return RunBreakdown(f"{self.out} broke down at step {event['step']}: {event['reason']}; the last good "
-                            f"state (step {event['step'] - 1}) is checkpointed, and the run cannot go past it")
-
     def _end_in_breakdown(self, reason: str, part: str | None = None) -> RunBreakdown:
         """Commit the last good state, its row and the breakdown event together."""
         if not self.rows or self.rows[-1]["step"] != self.step:
             self.measure()
         self._event(self.step + 1, breakdown(reason, part))
         self._commit()
-        return self._breakdown_error(self.events[-1])
+        return _breakdown_error(self.out, self.events[-1])
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
@@ -263,7 +264,7 @@ class Trajectory:
     def _run(self) -> list[dict]:
         cfg = self.config
         if self.broken:
-            raise self._breakdown_error(self.broken)
+            raise _breakdown_error(self.out, self.broken)
         # SIGINT and SIGTERM are taken between steps, never inside one: a half-applied step (optimizer
         # state moved, Z not yet stored, shadow behind) would be inconsistent. A commit would survive
         # them (a cut commit leaves the previous one), but a deferred signal also saves the steps since.
@@ -288,15 +289,18 @@ class Trajectory:
                 if marks and self.step == marks[0] and self.settled():
                     marks.pop(0)
                     self.record()
-                progress.update(self.step)
+                progress.update(min(self.step, cfg.steps - 1))  # the whole bar once the last step stands
             if not self.rows or self.rows[-1]["step"] != self.step:
                 self.record()
             self.store.drain()
         except KeyboardInterrupt:
             if not self.rows:  # interrupted before the first record: nothing to keep
                 raise RunInterrupted(f"interrupted before the first step of {self.out}; nothing was written") from None
-            # keep the work done: checkpoint this step, once it stands (metrics rows stay those of the recorded steps)
-            self.settled()
+            # keep the work done: checkpoint this step once it stands, retaking first any deferred steps that did
+            # not (a breakdown among them ends the run, as it would have); metrics rows stay the recorded steps'
+            at = self.step
+            while self.step < at or not self.settled():
+                self._advance(names, probe)
             self._commit()
             raise RunInterrupted(interrupted_message(self.step, self.out)) from None
         finally:

@@ -10,6 +10,7 @@ steps stand and their state is the new settled one. When one failed (a skipped s
 step raised or returned an event (where an answer was read after all, or the state was already wrong), both
 engines go back to the last settled state and the loop retakes the steps from there through the failing
 one with every check answered at once, recording its events at their step; speculation resumes after it.
+(A step with an event whose earlier steps all held is retaken alone, from the state before it.)
 A step is a function of the state before it and of (seed, step), so the retaken steps are the steps a run
 that never deferred takes, bit for bit, and so are its files.
 """
@@ -64,7 +65,7 @@ class Speculation:
         finally:
             self._defer(False, step)
         if events != []:
-            return self._go_back(through=step)
+            return self._retake(step)
         if step + 1 - self.settled[0] >= SETTLE_EVERY:
             return self.settle(step + 1)
         return step + 1
@@ -77,6 +78,17 @@ class Speculation:
         if failed:
             return self._go_back(through=min(failed))
         self.settled = None
+        return step
+
+    def _retake(self, step: int) -> int:
+        """A step that raised or returned an event: where a deferred check before it failed, back to the
+        settled state; else only this step is retaken, from the state before it (the lockstep's undo)."""
+        failed = [f for f in (c.settle() for c in self.checks) if f is not None and f < step]
+        if failed:
+            return self._go_back(through=min(failed))
+        self.pair.undo()
+        self.settled, self.retake_until = None, step + 1
+        self.retakes += 1
         return step
 
     def _go_back(self, through: int) -> int:

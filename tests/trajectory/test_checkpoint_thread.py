@@ -59,14 +59,29 @@ def test_later_arrays_are_calls_that_give_the_arrays_given_at_once():
     assert npz_bytes(later) == npz_bytes(now)
 
 
+@pytest.mark.parametrize("layout", ["rows", "columns", "permuted", "strided", "empty"])
+def test_the_host_buffer_of_a_copy_is_laid_out_as_a_copy_at_once_so_the_archive_is_the_same(layout):
+    from pitcheck.model.backend import host_buffer_like
+
+    x = {"rows": torch.randn(5, 3), "columns": torch.randn(5, 3).T, "permuted": torch.randn(4, 5, 3).permute(2, 0, 1),
+         "strided": torch.randn(6, 4)[::2], "empty": torch.randn(0, 3)}[layout]
+    buffer = host_buffer_like(x)
+    buffer.copy_(x)
+    at_once = x.to("cpu", torch.float64)
+    assert buffer.to(torch.float64).stride() == at_once.stride()
+    assert npz_bytes({"a": buffer.to(torch.float64).numpy()}) == npz_bytes({"a": at_once.numpy()})
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned copies on a CUDA stream need a GPU")
 def test_a_cuda_host_copy_overlaps_and_gives_numpys_array():
     arrays = ArrayBackend("torch", get_policy("bf16-mixed"), "cuda")
-    x = torch.randn(4096, 64, device="cuda").to(torch.bfloat16)
-    later = arrays.host_copy(x)
-    x = x * 2  # the step after: a new tensor; the copy is of the one handed over
-    got = later()
-    assert got.dtype == np.float64 and np.array_equal(got * 2, arrays.numpy(x))
+    for x in (torch.randn(4096, 64, device="cuda").to(torch.bfloat16), torch.randn(64, 4096, device="cuda").T):
+        later = arrays.host_copy(x)
+        at_once = arrays.numpy(x)
+        x = x * 2  # the step after: a new tensor; the copy is of the one handed over
+        got = later()
+        assert got.dtype == np.float64 and np.array_equal(got * 2, arrays.numpy(x))
+        assert npz_bytes({"a": got}) == npz_bytes({"a": at_once})  # the same layout: the same archive
 
 
 def test_a_later_file_is_made_when_written_and_its_bytes_then_dropped(tmp_path):

@@ -136,12 +136,19 @@ def test_a_loss_scale_that_grows_between_settles_judges_each_step_at_its_own_sca
     assert len(overflows) > 5 and retakes == len(overflows)
 
 
-def test_a_step_that_answers_a_check_at_once_while_deferring_is_retaken(tmp_path, monkeypatch):
-    # numpy gradients are judged on the host as they come: their events arrive during a deferred stretch
+def test_a_step_that_answers_a_check_at_once_while_deferring_is_retaken_alone(tmp_path, monkeypatch):
+    # numpy gradients are judged on the host as they come: their events arrive during a deferred stretch, whose
+    # earlier steps all held, so only the step with the event is retaken
     config = replace(BASE, gradient_stream="numpy", adversary="gaussian,nonfinite", steps=120)
+    retaken = []
+    real = loop.Trajectory._step
+    monkeypatch.setattr(loop.Trajectory, "_step", lambda self, *a: retaken.append(self.step) or real(self, *a))
     retakes = run_both(config, tmp_path, monkeypatch)
-    skipped = (tmp_path / "eager" / "events.jsonl").read_text().count("nonfinite_gradient")
-    assert skipped > 2 and retakes == skipped
+    skipped = {json.loads(line)["step"] - 1 for line in (tmp_path / "eager" / "events.jsonl").read_text().splitlines()
+               if "nonfinite_gradient" in line}
+    assert len(skipped) > 2 and retakes == len(skipped)
+    deferred_run = retaken[120:]  # the first 120 were the run answering every check
+    assert sorted(deferred_run) == sorted(skipped)
 
 
 def test_a_run_whose_every_step_is_skipped_ends_as_when_answered_at_once(tmp_path, monkeypatch):
@@ -154,32 +161,49 @@ def test_without_a_shadow_and_across_many_settles(tmp_path, monkeypatch):
     assert run_both(replace(BASE, steps=200, shadow=False), tmp_path, monkeypatch) == 4
 
 
-@pytest.mark.parametrize("failing", [None, 40])
-def test_an_interrupted_speculating_run_checkpoints_a_settled_state_and_resumes_to_the_same_files(failing, tmp_path,
-                                                                                                monkeypatch):
-    torch_shadow(monkeypatch)
-    injected(monkeypatch, {failing: "nan"} if failing else {})
+def interrupted_run(config, out, monkeypatch, at: int = 45, defers: bool = True):
+    """Run `config` into `out` with SIGINT arriving as the step `at` is drawn; the run's error."""
     real = Lockstep.gradients
 
     def interrupting(self, names, step, probe):
-        if step == 45:  # between two records (40, 50), with the failing step among the deferred ones
+        if step == at:
             os.kill(os.getpid(), signal.SIGINT)
         return real(self, names, step, probe)
 
-    monkeypatch.setattr(loop, "speculates", lambda plan, backend: True)
+    monkeypatch.setattr(loop, "speculates", lambda plan, backend: defers)
     with monkeypatch.context() as m:
         m.setattr(Lockstep, "gradients", interrupting)
-        with pytest.raises(RunInterrupted) as interrupted:
-            loop.run(BASE, tmp_path / "cut", progress=False)
-    with np.load(tmp_path / "cut" / "checkpoint.npz") as ck:
-        # the state that stands: the step's own where every deferred check held, else the last settled one
-        at = int(ck["step"])
-    assert at == 46 if failing is None else at <= failing
-    assert f"interrupted at step {at} " in str(interrupted.value)
+        with pytest.raises(PitcheckError) as error:
+            loop.run(config, out, progress=False)
+    return error.value
+
+
+@pytest.mark.parametrize("failing", [None, 40])
+def test_an_interrupted_speculating_run_checkpoints_the_step_it_reached_and_resumes_to_the_same_files(
+        failing, tmp_path, monkeypatch):
+    # the signal comes between two records (40, 50), with the failing step among the deferred ones
+    torch_shadow(monkeypatch)
+    injected(monkeypatch, {failing: "nan"} if failing else {})
+    for name, defers in (("eager-cut", False), ("cut", True)):
+        error = interrupted_run(BASE, tmp_path / name, monkeypatch, defers=defers)
+        assert isinstance(error, RunInterrupted) and "interrupted at step 46 " in str(error)
+        with np.load(tmp_path / name / "checkpoint.npz") as ck:
+            assert int(ck["step"]) == 46  # the step it reached: deferred steps that failed were retaken first
+    same_files(tmp_path / "cut", tmp_path / "eager-cut")
     loop.run(BASE, tmp_path / "cut", resume=True, progress=False)
     monkeypatch.setattr(loop, "speculates", lambda plan, backend: False)
     loop.run(BASE, tmp_path / "eager", progress=False)
     same_files(tmp_path / "cut", tmp_path / "eager")
+
+
+def test_a_breakdown_among_the_deferred_steps_ends_an_interrupted_run_as_it_would_have(tmp_path, monkeypatch):
+    # L's diagonal through zero at step 42, the signal at 45: a run answering each check never reached it
+    injected(monkeypatch, {42: ("L", 1e9)})
+    config = replace(BASE, optimizer="sgd", lr=1.0)
+    errors = [str(interrupted_run(config, tmp_path / name, monkeypatch, defers=defers)).replace(
+        str(tmp_path / name), "OUT") for name, defers in (("eager", False), ("deferred", True))]
+    assert errors[0] == errors[1] and "broke down at step 43" in errors[0]
+    same_files(tmp_path / "eager", tmp_path / "deferred")
 
 
 class HostReads(TorchFunctionMode):
@@ -200,6 +224,7 @@ class HostReads(TorchFunctionMode):
 @pytest.mark.parametrize("retraction", ["qr", "cholqr2", "polar-gram"])
 def test_deferred_steps_read_nothing_from_the_device_and_a_settle_reads_once_per_engine(retraction, device,
                                                                                         monkeypatch):
+    # the reads pitcheck makes (torch's own convergence checks inside an SVD or eigh are not among them)
     torch_shadow(monkeypatch)
     pair = Lockstep(replace(BASE, retraction=retraction, device=device))
     spec = Speculation(pair)
