@@ -142,6 +142,25 @@ def test_polar_gram_refuses_a_gram_matrix_singular_only_to_rounding(seed, dtype)
         R.retract_polar_gram(Y, 0 * Y)
 
 
+@pytest.mark.parametrize("deferring", [False, True])
+@pytest.mark.parametrize("w_max, w_min", [(1.0000001192092896, 1.788139627478813e-07),
+                                          (1.7000000476837158, 3.0398371109185973e-07)])
+def test_polar_gram_guard_compares_a_float32_gram_in_float64(w_max, w_min, deferring):
+    """Eigenvalues where the guard w_min > D u w_max holds in float64 but not once rounded to float32 (D = 3,
+    u = 2^-24): the float32 Gram is accepted, as the two Python floats compare, deferred or not."""
+    class CraftedEigh(TorchOps):
+        def eigh(self, x):
+            return torch.tensor([w_min, 0.5, w_max], dtype=torch.float32), torch.eye(3, dtype=torch.float32)
+
+    assert float(torch.tensor(w_min)) > 3 * 2.0**-24 * w_max  # float64: holds
+    assert not bool(torch.tensor(w_min) > 3 * 2.0**-24 * torch.tensor(w_max))  # float32: would not
+    ops = CraftedEigh()
+    ops.checks.deferring = deferring
+    Y = torch.from_numpy(orthonormal(8, 3, seed=1)).float()
+    assert R.retract_polar_gram(Y, 0 * Y, ops).shape == (8, 3)
+    assert ops.checks.settle() is None  # a deferred guard held too
+
+
 @pytest.mark.parametrize("s2, singular", [(1e-7, False), (10**-8.5, True)])
 def test_polar_gram_singularity_threshold_is_d_u_not_v_u(s2, singular):
     """V = 1000, D = 2, float64: Gram eigenvalue ratio 1e-14 lies above D u = 2.2e-16 (and above the
