@@ -23,6 +23,7 @@ from ..infra.errors import PitcheckError
 from .gradients import counter_gradient, gradient
 from ..numerics.metrics import (cholesky_conditioning, head_metrics, interface_metrics, measure_guarded, orthonormality_loss,
                       orthonormality_ratio, sample_ids, trisolve_errors)
+from ..numerics import device_metrics
 from ..numerics.formats import FORMATS
 from ..numerics.placement import through
 from ..numerics.policy import Policy
@@ -36,6 +37,10 @@ HEAD = ("pinv_drift", "penrose", "penrose_1", "penrose_2", "penrose_3", "penrose
 # the metrics of T and its solves, which a head without T never has
 PIT_ONLY = ("cond_T", "min_diag_L", "breakdown_margin", "trisolve_forward", "trisolve_forward_ratio",
             "trisolve_backward", "trisolve_backward_ratio")
+
+
+def _same_torch_device(a, b) -> bool:
+    return not isinstance(a, np.ndarray) and not isinstance(b, np.ndarray) and a.device == b.device
 
 
 class StateBreakdown(Exception):
@@ -105,11 +110,15 @@ class PitHead:
         """E = Z T^{-1} as this policy computes it: solves upcast to the factor dtype, result stored."""
         if self.arrays.name == "numpy":
             return embedding_matrix(self.Z, self.L)
+        return self.arrays.numpy(self._embedded())
+
+    def _embedded(self):
+        """embed_all's E where the model lives (a torch backend's tensor)."""
         p, to = self.policy, self.arrays.to
         L = to(self.L, p.factor)
         y = self.ops.solve_triangular(L, to(self.Z, p.factor).T, lower=True)
         E = self.ops.solve_triangular(L.T, y, lower=False).T
-        return self.arrays.numpy(to(E, p.storage))
+        return to(E, p.storage)
 
     def model_gradients(self, names, seed: int, step: int, params, probe=None, stream: str = "numpy") -> dict:
         if stream == "counter":  # drawn where the model is: only the shapes are read
@@ -161,12 +170,20 @@ class PitHead:
         """The interface metrics of what this model computes with.
 
         When some metric is undefined (the computed embedding overflowed, say), the others are still
-        measured; the undefined ones are NaN and the row's 'unmeasured' says why.
+        measured; the undefined ones are NaN and the row's 'unmeasured' says why. A torch backend's model is
+        measured where it lives (pitcheck.numerics.device_metrics: D x D matrices and scalars reach the host);
+        an FP8 logits head, which the placement emulates in numpy, and a state some metric is undefined for
+        are measured on the host.
         """
-        Z, L = self.stored()
-        E = self.embed_all()
         u, factor_u = self.policy.u, FORMATS[self.policy.factor].u
         placed = self.policy.placement
+        if self.arrays.name == "torch" and not (placed and placed.logits):
+            try:
+                return device_metrics.interface_metrics(self.Z, self.L, self._embedded(), u, factor_u)
+            except PitcheckError:
+                pass  # the host form measures each part it can and says why the others are NaN
+        Z, L = self.stored()
+        E = self.embed_all()
         # the FP8 logits GEMM's head, when the policy puts one there (pitcheck.numerics.placement)
         B = self.quantisers.logits_head(Z, L) if placed and placed.logits else Z @ (L @ L.T)
         try:
@@ -185,12 +202,15 @@ class PitHead:
         ], conditioning.get("unmeasured", []))
 
     def distance(self, other: "PitHead") -> tuple[float, float]:
-        """Relative distances of Z and of T from another head's (the float64 shadow's)."""
-        Z, L = self.stored()
-        Zr, Lr = other.stored()
+        """Relative distances of Z and of T from another head's (the float64 shadow's): Z's where both live
+        when they share a torch device, T's on the host (D x D)."""
+        L, Lr = self.arrays.numpy(self.L), other.arrays.numpy(other.L)
         Tr = Lr @ Lr.T
-        return (float(np.linalg.norm(Z - Zr) / np.linalg.norm(Zr)),
-                float(np.linalg.norm(L @ L.T - Tr) / np.linalg.norm(Tr)))
+        dist_T = float(np.linalg.norm(L @ L.T - Tr) / np.linalg.norm(Tr))
+        if _same_torch_device(self.Z, other.Z):
+            return device_metrics.relative_distance(self.Z, other.Z), dist_T
+        Z, Zr = self.arrays.numpy(self.Z), other.arrays.numpy(other.Z)
+        return float(np.linalg.norm(Z - Zr) / np.linalg.norm(Zr)), dist_T
 
 
 class TableHead:
@@ -243,20 +263,42 @@ class TableHead:
         return {k: point[k] - lr * directions[k] for k in self.tables}, []
 
     def interface(self) -> dict:
+        """Table metrics, where the tables live for a torch backend (as PitHead.interface)."""
+        out = self._interface_on_device() if self.arrays.name == "torch" else None
+        if out is None:
+            out = self._interface_on_host()
+        out.update({k: float("nan") for k in PIT_ONLY})
+        return out
+
+    def _interface_on_device(self) -> dict | None:
+        E = self.stored_tables["E"]
+        try:
+            out = device_metrics.orthonormality(E, self.policy.u)
+            out.update(device_metrics.head_metrics(E, self.stored_tables.get("B", E)))
+        except PitcheckError:
+            return None
+        out["unmeasured"] = []
+        return out
+
+    def _interface_on_host(self) -> dict:
         E, B = self.stored()
-        out = measure_guarded([
+        return measure_guarded([
             (("orthonormality", "orthonormality_ratio"),
              lambda: {"orthonormality": orthonormality_loss(E), "orthonormality_ratio": orthonormality_ratio(E, self.policy.u)}),
             (HEAD, lambda: head_metrics(E, B)),
         ])
-        out.update({k: float("nan") for k in PIT_ONLY})
-        return out
 
     def distance(self, other: "TableHead") -> tuple[float, float]:
-        """Relative distance of E, and of B (NaN when tied), from the float64 shadow's."""
-        (E, B), (Er, Br) = self.stored(), other.stored()
-        dist_B = float(np.linalg.norm(B - Br) / np.linalg.norm(Br)) if "B" in self.tables else float("nan")
-        return float(np.linalg.norm(E - Er) / np.linalg.norm(Er)), dist_B
+        """Relative distance of E, and of B (NaN when tied), from the float64 shadow's (where both live when
+        they share a torch device)."""
+        def relative(name: str) -> float:
+            A, A_ref = self.stored_tables[name], other.stored_tables[name]
+            if _same_torch_device(A, A_ref):
+                return device_metrics.relative_distance(A, A_ref)
+            A, A_ref = self.arrays.numpy(A), other.arrays.numpy(A_ref)
+            return float(np.linalg.norm(A - A_ref) / np.linalg.norm(A_ref))
+
+        return relative("E"), relative("B") if "B" in self.tables else float("nan")
 
 
 class TiedHead(TableHead):

@@ -23,6 +23,52 @@ EXTENDED = np.longdouble
 EXTENDED_BITS = np.finfo(np.longdouble).nmant + 1
 
 
+# ---- where the V x D work runs ------------------------------------------------------------------------
+class HostWork:
+    """The O(V D^2) products of the metrics in numpy float64 on the host. Every other step of a metric works
+    on D x D matrices and scalars, on the host, whatever the tall arrays' home: TorchWork
+    (pitcheck.numerics.device_metrics) does these products where a run's tensors live."""
+
+    @staticmethod
+    def gram(X, Y=None) -> np.ndarray:
+        """X^T Y (X^T X without Y) as a D x D float64 numpy array."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return X.T @ (X if Y is None else Y)
+
+    @staticmethod
+    def times(X, A: np.ndarray):
+        """X A, X tall where it lives and A a small numpy matrix: the result lives with X."""
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            return X @ A
+
+    @staticmethod
+    def minus(X, Y):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return X - Y
+
+    @staticmethod
+    def norm(X) -> np.float64:
+        """||X||_F as numpy's float64 (a Python float's ** would raise on overflow where numpy gives inf)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.linalg.norm(X)
+
+    @staticmethod
+    def finite(X) -> bool:
+        return bool(np.isfinite(X).all())
+
+    @staticmethod
+    def householder(X) -> tuple:
+        """Thin Householder Q R of X: Q where X lives, R a numpy array."""
+        return np.linalg.qr(X)
+
+    @staticmethod
+    def rows(X, ids: np.ndarray) -> np.ndarray:
+        return X[ids]
+
+
+HOST = HostWork()
+
+
 # ---- input checks ---------------------------------------------------------------------------------
 def _is_torch(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
@@ -111,9 +157,9 @@ def _ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(positive, num / np.where(positive, den, 1.0), 0.0)
 
 
-def _gram_deviation(Z: np.ndarray) -> np.ndarray:
+def _gram_deviation(Z, work=HOST) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
-        return Z.T @ Z - np.eye(Z.shape[1])
+        return work.gram(Z) - np.eye(Z.shape[1])
 
 
 def _orthonormality(deviation: np.ndarray) -> float:
@@ -138,6 +184,13 @@ def orthonormality_ratio(Z: np.ndarray, u: float) -> float:
     """LAPACK dqrt01's ratio ||I - Z^T Z||_1 / (V u); about 1 for Householder QR, pass below 30."""
     Z, u = as_matrix(Z, "Z"), unit_roundoff(u)
     return _orthonormality_ratio(_gram_deviation(Z), Z.shape[0], u)
+
+
+def checked_orthonormality(Z, u: float, work=HOST) -> dict:
+    """orthonormality_loss and orthonormality_ratio of a finite Z, from one Gram where `work` computes."""
+    deviation = _gram_deviation(Z, work)
+    return {"orthonormality": _orthonormality(deviation),
+            "orthonormality_ratio": _orthonormality_ratio(deviation, Z.shape[0], u)}
 
 
 def cholesky_conditioning(L: np.ndarray, u: float) -> dict:
@@ -193,8 +246,11 @@ def _solve_lower_extended(L: np.ndarray, rhs: np.ndarray, transpose: bool) -> np
 
 def reference_embedding(Z: np.ndarray, L: np.ndarray, ids) -> np.ndarray:
     """T^{-1} z_v for the given rows in extended precision (the yardstick for the forward error)."""
-    rhs = np.asarray(Z, dtype=np.float64)[ids].T
-    y = _solve_lower_extended(L, rhs, transpose=False)
+    return _reference_rows(np.asarray(Z, dtype=np.float64)[ids], L)
+
+
+def _reference_rows(Z_rows: np.ndarray, L: np.ndarray) -> np.ndarray:
+    y = _solve_lower_extended(L, Z_rows.T, transpose=False)
     return _solve_lower_extended(L, y, transpose=True).T
 
 
@@ -216,12 +272,17 @@ def trisolve_errors(Z, L, E_rows, ids, u: float, cond_T: float | None = None) ->
         cond_T = cholesky_conditioning(L, u)["cond_T"]
     elif not (np.isfinite(cond_T) and cond_T >= 1):
         raise PitcheckError(f"cond_T must be a finite condition number >= 1, got {cond_T!r}")
+    return _trisolve(Z[ids], L, E_rows, u, cond_T)
+
+
+def _trisolve(Z_rows: np.ndarray, L: np.ndarray, E_rows: np.ndarray, u: float, cond_T: float) -> dict:
+    """trisolve_errors from the sampled rows of Z (checked) alone."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        exact = reference_embedding(Z, L, ids)
+        exact = _reference_rows(Z_rows, L)
         fwd_num = np.linalg.norm((E_rows - exact).astype(np.float64), axis=1)
         fwd_den = np.linalg.norm(exact.astype(np.float64), axis=1)
         Lx = L.astype(EXTENDED)
-        resid = Z[ids].astype(EXTENDED) - (E_rows.astype(EXTENDED) @ Lx) @ Lx.T
+        resid = Z_rows.astype(EXTENDED) - (E_rows.astype(EXTENDED) @ Lx) @ Lx.T
         denom = np.linalg.norm(L, 1) * np.linalg.norm(L.T, 1) * np.abs(E_rows).sum(axis=1)
         bwd_num = np.abs(resid.astype(np.float64)).sum(axis=1)
     fwd, bwd = _ratios(fwd_num, fwd_den), _ratios(bwd_num, denom)
@@ -271,37 +332,39 @@ class RangeSplit:
     """E = Q R (thin, Q orthonormal) and B = Q C + B_perp with C = Q^T B, B_perp orthogonal to range(E).
 
     In this basis the V x V products of the Penrose conditions and of pinv(E) = R^{-1} Q^T split into
-    mutually orthogonal pieces whose Frobenius norms are those of D x D and V x D matrices.
+    mutually orthogonal pieces whose Frobenius norms are those of D x D and V x D matrices. `work` does the
+    V x D products where E and B live (HostWork: numpy); R and C are D x D numpy arrays either way.
     """
 
-    def __init__(self, E: np.ndarray, B: np.ndarray):
+    def __init__(self, E, B, work=HOST):
+        self.B, self.work = B, work
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-            self.Q, self.R = _thin_qr(E)
-            self.C = self.Q.T @ B
-            self.B_perp = B - self.Q @ self.C
-        if not all(np.isfinite(part).all() for part in (self.R, self.C, self.B_perp)):
+            self.Q, self.R = _thin_qr(E, work)
+            self.C = work.gram(self.Q, B)
+            self.B_perp = work.minus(B, work.times(self.Q, self.C))
+        if not (np.isfinite(self.R).all() and np.isfinite(self.C).all() and work.finite(self.B_perp)):
             raise PitcheckError("entries too large for a QR of E in float64")
 
 
-def _thin_qr(E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Thin Q R of E: Cholesky QR twice while E is tall and well conditioned, else Householder."""
+def _thin_qr(E, work=HOST) -> tuple:
+    """Thin Q R of E: Cholesky QR twice while E is tall and well conditioned, else Householder. The D x D
+    factorisations run on the host in float64 whatever E's home; the products, in `work`."""
     import scipy.linalg
 
     try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            G = E.T @ E
+        G = work.gram(E)
         # an SVD of non-finite entries can loop for ever: a Gram that overflowed goes to Householder
         R1 = scipy.linalg.cholesky(G) if np.isfinite(G).all() else None  # upper: G = R1^T R1
         if R1 is not None and _condition(R1) <= CHOLQR2_MAX_COND:
             # E R1^{-1} as one GEMM with the D x D triangular inverse: a V-sized triangular solve on a
             # transposed operand costs several GEMMs; below this condition number the inverse loses no
             # more than the solve, and the second pass restores orthogonality to O(u)
-            Q1 = E @ _upper_inverse(R1)
-            R2 = scipy.linalg.cholesky(Q1.T @ Q1)
-            return Q1 @ _upper_inverse(R2), R2 @ R1
+            Q1 = work.times(E, _upper_inverse(R1))
+            R2 = scipy.linalg.cholesky(work.gram(Q1))
+            return work.times(Q1, _upper_inverse(R2)), R2 @ R1
     except (np.linalg.LinAlgError, ValueError):
         pass
-    return np.linalg.qr(E)
+    return work.householder(E)
 
 
 def _upper_inverse(R: np.ndarray) -> np.ndarray:
@@ -342,22 +405,22 @@ def _require_tall(E: np.ndarray) -> None:
         raise PitcheckError(f"E must have at least as many rows as columns (V >= D), got shape {E.shape}")
 
 
-def _penrose(E: np.ndarray, B: np.ndarray, M: np.ndarray, split: RangeSplit) -> dict:
+def _penrose(M: np.ndarray, split: RangeSplit) -> dict:
     """The four Penrose residuals from M = E^T B and the range split of (E, B); see penrose_residuals."""
-    D = E.shape[1]
-    R, C, B_perp = split.R, split.C, split.B_perp
+    D = M.shape[0]
+    R, C, B_perp, B, work = split.R, split.C, split.B_perp, split.B, split.work
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         MmI = M - np.eye(D)
         # ABA - A = (M - I) A, i.e. E (M - I)^T = Q R (M - I)^T: its norm and ||E||_F are R's
         r1 = _ratio(np.linalg.norm(R @ MmI.T), np.linalg.norm(R))
-        r2 = _ratio(np.linalg.norm(B @ MmI), np.linalg.norm(B))  # BAB - B = B (M - I)
+        r2 = _ratio(work.norm(work.times(B, MmI)), work.norm(B))  # BAB - B = B (M - I)
         r3 = _ratio(np.linalg.norm(M - M.T), np.linalg.norm(M))
         # BA = B R^T Q^T = Q C R^T Q^T + B_perp R^T Q^T, so BA - (BA)^T = Q (C R^T - R C^T) Q^T
         # + B_perp R^T Q^T - Q R B_perp^T: three orthogonal pieces, the last two of equal norm, and
         # ||BA||_F^2 = ||C R^T||_F^2 + ||B_perp R^T||_F^2
         CRt = C @ R.T
         inner = np.linalg.norm(CRt - CRt.T)
-        outer = np.linalg.norm(B_perp @ R.T)
+        outer = work.norm(work.times(B_perp, R.T))
         r4 = _ratio(np.sqrt(inner ** 2 + 2.0 * outer ** 2), np.sqrt(np.linalg.norm(CRt) ** 2 + outer ** 2))
     return _finite({"penrose_1": float(r1), "penrose_2": float(r2), "penrose_3": float(r3), "penrose_4": float(r4)},
                    "entries too large or too small")
@@ -377,7 +440,7 @@ def penrose_residuals(E: np.ndarray, B: np.ndarray) -> dict:
         M = E.T @ B  # AB, D x D
     if not np.isfinite(M).all():
         raise PitcheckError("E^T B overflows float64: entries too large for the Penrose residuals")
-    return _penrose(E, B, M, RangeSplit(E, B))
+    return _penrose(M, RangeSplit(E, B))
 
 
 def _pinv_error(split: RangeSplit) -> float:
@@ -388,7 +451,7 @@ def _pinv_error(split: RangeSplit) -> float:
         raise PitcheckError("E is rank deficient: its pseudo-inverse is not a left inverse, pinv_error is undefined")
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         R_inv = _upper_inverse(R)
-        err = _ratio(np.sqrt(np.linalg.norm(split.C.T - R_inv) ** 2 + np.linalg.norm(split.B_perp) ** 2),
+        err = _ratio(np.sqrt(np.linalg.norm(split.C.T - R_inv) ** 2 + split.work.norm(split.B_perp) ** 2),
                      np.linalg.norm(R_inv))
     return _finite({"pinv_error": float(err)}, "E is too close to rank deficient")["pinv_error"]
 
@@ -415,14 +478,20 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     factor_u = u if factor_u is None else unit_roundoff(factor_u, "factor_u")
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, (int, np.integer)) or sample_rows < 1:
         raise PitcheckError(f"sample_rows must be a positive integer, got {sample_rows!r}")
-    deviation = _gram_deviation(Z)  # one Gram for both
-    out = {"orthonormality": _orthonormality(deviation),
-           "orthonormality_ratio": _orthonormality_ratio(deviation, Z.shape[0], u)}
+    B = Z @ (L @ L.T) if B is None else as_matrix(B, "B")  # W^T = Z T
+    _same_shape(E, B, "E and B")
+    return checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows)
+
+
+def checked_interface_metrics(Z, L: np.ndarray, E, B, u: float, factor_u: float, sample_rows: int,
+                              work=HOST) -> dict:
+    """interface_metrics of checked arguments (finite, matching shapes, L a factor, u and factor_u unit
+    roundoffs); Z, E and B where `work` computes (HostWork: numpy arrays), L on the host."""
+    out = checked_orthonormality(Z, u, work)
     out.update(cholesky_conditioning(L, factor_u))
     ids = sample_ids(Z.shape[0], sample_rows)
-    out.update(trisolve_errors(Z, L, E[ids], ids, u, out["cond_T"]))
-    B = Z @ (L @ L.T) if B is None else as_matrix(B, "B")  # W^T = Z T
-    out.update(head_metrics(E, B))
+    out.update(_trisolve(work.rows(Z, ids), L, work.rows(E, ids), u, out["cond_T"]))
+    out.update(checked_head_metrics(E, B, work))
     return out
 
 
@@ -430,14 +499,18 @@ def head_metrics(E: np.ndarray, B: np.ndarray) -> dict:
     """The interface metrics any head has: pinv drift, the four Penrose residuals and pinv error."""
     E, B = as_matrix(E, "E"), as_matrix(B, "B")
     _same_shape(E, B, "E and B")
+    return checked_head_metrics(E, B)
+
+
+def checked_head_metrics(E, B, work=HOST) -> dict:
+    """head_metrics of finite E and B of one shape, where `work` computes."""
     # one E^T B and one QR of E serve every metric here
-    with np.errstate(over="ignore", invalid="ignore"):
-        M = E.T @ B
+    M = work.gram(E, B)
     out = {"pinv_drift": _pinv_drift(M)}
     if not np.isfinite(M).all():
         raise PitcheckError("E^T B overflows float64: entries too large for the Penrose residuals")
-    split = RangeSplit(E, B)
-    pen = _penrose(E, B, M, split)
+    split = RangeSplit(E, B, work)
+    pen = _penrose(M, split)
     out["penrose"] = max(pen.values())
     out.update(pen)
     _require_tall(E)

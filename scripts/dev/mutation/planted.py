@@ -8,7 +8,8 @@ CT = "tests/infra/test_commit_thread.py::"
 TR = "tests/model/retractions/test_retractions.py::"
 PLANTED = [
     # pinv_drift and the Penrose residuals from the exact E = Z T^{-1} instead of the computed rows
-    (M, "out.update(head_metrics(E, B))", "out.update(head_metrics(Z @ np.linalg.inv(L @ L.T), B))",
+    (M, "out.update(checked_head_metrics(E, B, work))",
+     "out.update(checked_head_metrics(Z @ np.linalg.inv(L @ L.T), B, work))",
      T + "test_interface_metrics_judge_the_embedding_rows_as_computed_not_the_exact_ones"),
     # orthonormality ratio over eps = 2u
     (M, "/ (vocab * u))", "/ (vocab * 2 * u))",

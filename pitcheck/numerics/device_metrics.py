@@ -1,0 +1,128 @@
+"""The interface metrics of torch tensors, computed where they live: the O(V D^2) products in float64 on the
+tensors' device, everything else (D x D factorisations, the sampled rows' extended-precision solves, the
+ratios) on the host from D x D matrices and a few hundred rows, as pitcheck.numerics.metrics computes it.
+
+So a record on a GPU moves D x D matrices and scalars to the host, never a V x D table. The same code runs
+on CPU tensors (a torch backend's run on the CPU), which is where it is tested against the numpy form.
+Arguments that the host form would refuse (non-finite entries, a singular L) are refused here with the
+same message, so a caller can fall back to the host form's per-part measurement.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..infra.errors import PitcheckError
+from . import metrics
+
+
+class TorchWork:
+    """metrics.HostWork's products on float64 torch tensors, on their device; small operands come from
+    and go to the host as numpy arrays."""
+
+    def __init__(self, like):
+        self.device = like.device
+
+    def _small(self, A: np.ndarray):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(A, dtype=np.float64)).to(self.device)
+
+    @staticmethod
+    def gram(X, Y=None) -> np.ndarray:
+        return (X.T @ (X if Y is None else Y)).cpu().numpy()
+
+    def times(self, X, A: np.ndarray):
+        return X @ self._small(A)
+
+    @staticmethod
+    def minus(X, Y):
+        return X - Y
+
+    @staticmethod
+    def norm(X) -> np.float64:
+        import torch
+
+        return np.float64(torch.linalg.vector_norm(X).item())
+
+    @staticmethod
+    def finite(X) -> bool:
+        import torch
+
+        return bool(torch.isfinite(X).all())
+
+    @staticmethod
+    def householder(X) -> tuple:
+        import torch
+
+        Q, R = torch.linalg.qr(X)
+        return Q, R.cpu().numpy()
+
+    def rows(self, X, ids: np.ndarray) -> np.ndarray:
+        import torch
+
+        return X[torch.from_numpy(ids).to(self.device)].cpu().numpy()
+
+
+def _float64(x, name: str):
+    import torch
+
+    if x.is_complex() or x.dtype == torch.bool:
+        raise PitcheckError(f"{name} must be a real array, got a {x.dtype} tensor")
+    if x.ndim != 2 or x.numel() == 0:
+        raise PitcheckError(f"{name} must be a non-empty 2-D matrix, got shape {tuple(x.shape)}")
+    return x.detach().to(torch.float64)
+
+
+def _all_finite(named: dict) -> None:
+    """One read for every table (a record's reads are few, not free)."""
+    import torch
+
+    flags = torch.stack([torch.isfinite(x).all() for x in named.values()]).cpu().numpy()
+    for name, ok in zip(named, flags):
+        if not ok:
+            raise PitcheckError(f"{name} has non-finite entries (NaN or inf): its metrics are undefined")
+
+
+def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None) -> dict:
+    """metrics.interface_metrics of torch tensors Z, E (and B; default Z T) on their device, L anywhere."""
+    Z, E = _float64(Z, "Z"), _float64(E, "E")
+    L = metrics.as_factor(L, "L")
+    if Z.shape != E.shape or L.shape != (Z.shape[1], Z.shape[1]):
+        raise PitcheckError(f"shape mismatch: Z {tuple(Z.shape)}, L {L.shape}, E {tuple(E.shape)}")
+    u = metrics.unit_roundoff(u)
+    factor_u = u if factor_u is None else metrics.unit_roundoff(factor_u, "factor_u")
+    if isinstance(sample_rows, bool) or not isinstance(sample_rows, (int, np.integer)) or sample_rows < 1:
+        raise PitcheckError(f"sample_rows must be a positive integer, got {sample_rows!r}")
+    work = TorchWork(Z)
+    if B is None:
+        T = L @ L.T  # on the host in float64, as the numpy form forms it
+        B = work.times(Z, T)
+    B = _float64(B, "B")
+    if B.shape != E.shape:
+        raise PitcheckError(f"shape mismatch: E and B are {tuple(E.shape)} and {tuple(B.shape)}")
+    _all_finite({"Z": Z, "E": E, "B": B})
+    return metrics.checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows, work)
+
+
+def head_metrics(E, B) -> dict:
+    """metrics.head_metrics of torch tensors on their device."""
+    E, B = _float64(E, "E"), _float64(B, "B")
+    if E.shape != B.shape:
+        raise PitcheckError(f"shape mismatch: E and B are {tuple(E.shape)} and {tuple(B.shape)}")
+    _all_finite({"E": E, "B": B})
+    return metrics.checked_head_metrics(E, B, TorchWork(E))
+
+
+def orthonormality(Z, u: float) -> dict:
+    """metrics.orthonormality_loss and orthonormality_ratio of a torch tensor, from one Gram on its device."""
+    Z = _float64(Z, "Z")
+    _all_finite({"Z": Z})
+    return metrics.checked_orthonormality(Z, metrics.unit_roundoff(u), TorchWork(Z))
+
+
+def relative_distance(A, A_ref) -> float:
+    """||A - A_ref||_F / ||A_ref||_F in float64 on the tensors' device (one scalar read)."""
+    import torch
+
+    A, A_ref = A.detach().to(torch.float64), A_ref.detach().to(device=A.device, dtype=torch.float64)
+    return float(torch.linalg.vector_norm(A - A_ref) / torch.linalg.vector_norm(A_ref))

@@ -1,0 +1,164 @@
+"""The metrics of torch tensors computed where they live (pitcheck.numerics.device_metrics): the numpy form's
+values to within float64 summation order, the same refusals, and no V x D table read to the host."""
+import numpy as np
+import pytest
+import torch
+
+from pitcheck.infra.errors import PitcheckError
+from pitcheck.model.engine import Engine, StepSettings
+from pitcheck.model.heads import HEAD_TYPES
+from pitcheck.numerics import device_metrics, metrics
+from pitcheck.numerics.formats import FORMATS
+from pitcheck.numerics.policy import get_policy
+
+# float64 metrics of the same float64 operands, in other summation orders (torch's BLAS, numpy's): each value
+# is a residual r of O(1)-normed operands computed with an error of about D^1.5 u64 (D x D entries, each a sum
+# with error ~ D u64 at worst, in a Frobenius norm). Where the state is coarser than float64 that is ~3e-10 of r
+# at most here (penrose_4, whose B_perp is a difference), and RTOL leaves room; where the state is float64 the
+# residuals themselves are at that floor and only the absolute bound holds (a ratio in units of u: over u)
+RTOL = 1e-7
+RATIOS = {"orthonormality_ratio": 1.0, "trisolve_forward_ratio": 1.0, "trisolve_backward_ratio": 1.0}
+NUMERIC = [k for k in ("orthonormality", "orthonormality_ratio", "cond_L", "cond_T", "min_diag_L", "breakdown_margin",
+                       "trisolve_forward", "trisolve_forward_ratio", "trisolve_backward", "trisolve_backward_ratio",
+                       "pinv_drift", "penrose", "penrose_1", "penrose_2", "penrose_3", "penrose_4", "pinv_error")]
+HEAD_KEYS = NUMERIC[-7:]
+
+
+def _state(V, D, fmt, seed=0, noise=1e-5):
+    """Z near the manifold, L well conditioned, E = Z T^{-1} rounded: all held exactly in fmt."""
+    rng = np.random.default_rng(seed)
+    dtype = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}[fmt]
+    held = lambda x: torch.tensor(x).to(dtype)  # noqa: E731
+    Z = held(np.linalg.qr(rng.standard_normal((V, D)))[0] + noise * rng.standard_normal((V, D)))
+    A = 0.1 * rng.standard_normal((D, D))
+    L = held(np.tril(A, -1) + np.diag(1.0 + np.abs(np.diag(A))))
+    T = L.double() @ L.double().T
+    E = held(torch.linalg.solve(T, Z.double().T).T.numpy())
+    return Z, L, E
+
+
+def _host(x):
+    return x.double().numpy()
+
+
+def _agree(got: dict, want: dict, keys=NUMERIC, dim: int = 32, u: float = 1.0):
+    """got and want within RTOL, or within the float64 floor 16 D^1.5 u64 (over u for a ratio to u)."""
+    floor = 16 * dim**1.5 * 2.0**-53
+    for k in keys:
+        assert got[k] == pytest.approx(want[k], rel=RTOL, abs=floor / u if k in RATIOS else floor), k
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp64", "bf16"])
+@pytest.mark.parametrize("shape", [(2048, 32), (300, 8)])
+def test_interface_metrics_on_the_device_are_the_host_forms(fmt, shape):
+    Z, L, E = _state(*shape, fmt)
+    u = FORMATS[fmt].u
+    want = metrics.interface_metrics(_host(Z), _host(L), _host(E), u, factor_u=FORMATS["fp32"].u)
+    got = device_metrics.interface_metrics(Z, L, E, u, factor_u=FORMATS["fp32"].u)
+    _agree(got, want, dim=shape[1], u=u)
+    assert got["trisolve_resolved"] == want["trisolve_resolved"]
+
+
+def test_a_head_of_its_own_and_the_householder_branch_agree_too():
+    """An untied B, and an E conditioned past Cholesky QR's limit (the Householder QR runs on the device)."""
+    Z, L, E = _state(1024, 16, "fp64")
+    rng = np.random.default_rng(1)
+    B = (Z @ (L @ L.T)) + 1e-6 * torch.from_numpy(rng.standard_normal(Z.shape))
+    _agree(device_metrics.head_metrics(E, B), metrics.head_metrics(_host(E), _host(B)), HEAD_KEYS, 16)
+    E_ill = E.clone()
+    E_ill[:, 0] *= 1e-7  # cond(E) ~ 2e7 > CHOLQR2_MAX_COND
+    assert metrics.condition_number(_host(E_ill)) > metrics.CHOLQR2_MAX_COND
+    # B near E's pseudo-inverse: pinv_error (1e-11) is a residual that R's every entry moves
+    Q, R = np.linalg.qr(_host(E_ill))
+    B_ill = torch.from_numpy(Q @ np.linalg.inv(R).T + 1e-6 * rng.standard_normal(Q.shape))
+    got, want = device_metrics.head_metrics(E_ill, B_ill), metrics.head_metrics(_host(E_ill), _host(B_ill))
+    assert 1e-12 < want["pinv_error"] < 1e-6
+    _agree(got, want, HEAD_KEYS, 16)
+
+
+def test_the_device_form_sees_a_wrong_operand():
+    """The comparison above can fail: an E off by a float32 rounding of T^{-1} moves the trisolve and head
+    metrics far outside RTOL."""
+    Z, L, E = _state(1024, 16, "fp64")
+    want = metrics.interface_metrics(_host(Z), _host(L), _host(E), 2.0**-53)
+    got = device_metrics.interface_metrics(Z, L, E.float().double(), 2.0**-53)
+    with pytest.raises(AssertionError):
+        _agree(got, want, ["trisolve_backward", "pinv_drift"], 16)
+
+
+@pytest.mark.parametrize("where,message", [("Z", "Z has non-finite"), ("E", "E has non-finite")])
+def test_non_finite_tables_are_refused_as_the_host_form_refuses_them(where, message):
+    Z, L, E = _state(256, 8, "fp32")
+    arrays = {"Z": Z.clone(), "E": E.clone()}
+    arrays[where][3, 1] = float("nan")
+    with pytest.raises(PitcheckError, match=message):
+        device_metrics.interface_metrics(arrays["Z"], L, arrays["E"], 2.0**-24)
+    with pytest.raises(PitcheckError, match=message):
+        metrics.interface_metrics(_host(arrays["Z"]), _host(L), _host(arrays["E"]), 2.0**-24)
+
+
+def test_bad_arguments_are_refused_in_one_line():
+    Z, L, E = _state(256, 8, "fp32")
+    with pytest.raises(PitcheckError, match="shape mismatch"):
+        device_metrics.interface_metrics(Z, L, E[:100], 2.0**-24)
+    with pytest.raises(PitcheckError, match="lower triangular"):
+        device_metrics.interface_metrics(Z, L.T, E, 2.0**-24)
+    with pytest.raises(PitcheckError, match="unit roundoff"):
+        device_metrics.interface_metrics(Z, L, E, 2.0)
+    with pytest.raises(PitcheckError, match="2-D"):
+        device_metrics.head_metrics(E[0], E[0])
+    with pytest.raises(PitcheckError, match="real"):
+        device_metrics.orthonormality(torch.zeros(4, 2, dtype=torch.complex64), 2.0**-24)
+
+
+def test_relative_distance_is_the_host_forms():
+    Z, _, _ = _state(512, 8, "fp32")
+    Zr = Z.double() + 1e-7
+    want = np.linalg.norm(_host(Z) - _host(Zr)) / np.linalg.norm(_host(Zr))
+    assert device_metrics.relative_distance(Z, Zr) == pytest.approx(want, rel=1e-12)
+
+
+class _HostReads:
+    """Every tensor read into numpy while it is active, by shape."""
+
+    def __init__(self, monkeypatch):
+        self.shapes = []
+        numpy = torch.Tensor.numpy
+
+        def recorded(t, *args, **kw):
+            self.shapes.append(tuple(t.shape))
+            return numpy(t, *args, **kw)
+
+        monkeypatch.setattr(torch.Tensor, "numpy", recorded)
+
+    def largest_rows(self) -> int:
+        return max((s[0] for s in self.shapes if len(s) == 2), default=0)
+
+
+@pytest.mark.parametrize("head", ["pit", "tied", "untied"])
+def test_a_torch_model_is_measured_without_reading_a_table_to_the_host(monkeypatch, head):
+    """A record of a torch model and its distance from a torch float64 shadow read D x D matrices and the 256
+    sampled rows, never the V x D tables (the host form reads Z, E and B whole); the row is the host form's."""
+    V, D = 1024, 16
+    Z0, L0, _ = _state(V, D, "fp64", noise=0.0)
+    Z0, L0 = Z0.numpy(), L0.numpy()
+    engines = [Engine("torch", get_policy(p), StepSettings("qr", "sgd", 0.1), device="cpu", head=HEAD_TYPES[head])
+               for p in ("fp32", "fp64")]
+    for eng in engines:
+        eng.initialise(Z0, L0)
+    model, shadow = engines
+    reads = _HostReads(monkeypatch)
+    row = model.interface()
+    distances = model.distance(shadow)
+    assert 0 < reads.largest_rows() <= 256
+    monkeypatch.undo()
+    host = model.model._interface_on_host() if head != "pit" else None
+    if head == "pit":
+        Z, L = model.stored()
+        B = Z @ (L @ L.T)
+        host = metrics.interface_metrics(Z, L, model.embed_all(), model.policy.u,
+                                         FORMATS[model.policy.factor].u, B=B)
+    keys = [k for k in NUMERIC if k in host and np.isfinite(host[k])]
+    assert "penrose" in keys and "orthonormality" in keys
+    _agree(row, host, keys, D, model.policy.u)
+    assert distances[0] > 0 and np.isfinite(distances[0])
