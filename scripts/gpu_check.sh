@@ -102,7 +102,7 @@ zoo() {
   grep -h '^Unexpected outcomes' "$OUT/zoo/zoo.md" 2>/dev/null || echo "no $OUT/zoo/zoo.md"
 }
 runloop() {
-  header "the run loop on CUDA: bench --device cuda (step, metrics row, commit apart); accuracy against the CPU; normals"
+  header "the run loop on CUDA: bench --device cuda (step, metrics row, commit apart); accuracy against the CPU; normals, metrics on the device"
   # the host's numpy gradient stream, then the counter stream drawn on the GPU (--gradient-stream counter)
   timeout -k 10 70 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 \
       --no-peers --retractions qr,cholqr2,polar --rounds 2 --json "$OUT/bench_cuda.json" 2>&1 | tail -45
@@ -110,7 +110,7 @@ runloop() {
       --no-peers --retractions qr,cholqr2 --rounds 2 --gradient-stream counter --json "$OUT/bench_cuda_counter.json" 2>&1 | tail -30
   timeout -k 10 45 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
   timeout -k 10 40 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/numerics/test_counter_normal.py \
-      tests/numerics/test_factors_float64.py tests/model/test_counter_stream.py 2>&1 | tail -10
+      tests/numerics/test_factors_float64.py tests/model/test_counter_stream.py tests/numerics/test_device_metrics.py 2>&1 | tail -10
   # a whole run as a user starts it: 32768 x 512 fp32 cholqr2, the float64 shadow, the default records, its
   # checks deferred (on by default on CUDA); wall time of 500 steps with its records and commits (start-up included)
   rm -rf /tmp/runloop-whole

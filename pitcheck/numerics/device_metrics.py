@@ -14,6 +14,8 @@ import numpy as np
 from ..infra.errors import PitcheckError
 from . import metrics
 
+FLOAT64_BITS = 53
+
 
 class TorchWork:
     """metrics.HostWork's products on float64 torch tensors, on their device; small operands come from
@@ -57,10 +59,29 @@ class TorchWork:
         Q, R = torch.linalg.qr(X)
         return Q, R.cpu().numpy()
 
-    def rows(self, X, ids: np.ndarray) -> np.ndarray:
+    def rows(self, X, ids: np.ndarray):
+        """The sampled rows, where X lives."""
         import torch
 
-        return X[torch.from_numpy(ids).to(self.device)].cpu().numpy()
+        return X[torch.from_numpy(ids).to(self.device)]
+
+    @staticmethod
+    def host(X) -> np.ndarray:
+        return X.cpu().numpy()
+
+    def yardstick(self, Z_rows, L: np.ndarray, E_rows, u: float) -> tuple:
+        """The sampled rows' reference solves and residuals in float64 where the rows live, wherever float64 is
+        finer than u by the 16 that the trisolve metrics ask of a yardstick (fp32 and coarser); for finer u,
+        in extended precision on the host (metrics.extended_yardstick)."""
+        import torch
+
+        if 2.0**-FLOAT64_BITS > u / 16:
+            return metrics.extended_yardstick(self.host(Z_rows), L, self.host(E_rows))
+        Lt = self._small(L)
+        y = torch.linalg.solve_triangular(Lt, Z_rows.T, upper=False)
+        exact = torch.linalg.solve_triangular(Lt.T, y, upper=True).T
+        resid = Z_rows - (E_rows @ Lt) @ Lt.T
+        return self.host(exact), self.host(resid), FLOAT64_BITS
 
 
 def _float64(x, name: str):

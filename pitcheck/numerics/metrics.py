@@ -65,6 +65,15 @@ class HostWork:
     def rows(X, ids: np.ndarray) -> np.ndarray:
         return X[ids]
 
+    @staticmethod
+    def host(X) -> np.ndarray:
+        return X
+
+    @staticmethod
+    def yardstick(Z_rows, L: np.ndarray, E_rows, u: float) -> tuple:
+        """The sampled rows' reference solves and residuals, and their bits (metrics.extended_yardstick)."""
+        return extended_yardstick(Z_rows, L, E_rows)
+
 
 HOST = HostWork()
 
@@ -275,14 +284,22 @@ def trisolve_errors(Z, L, E_rows, ids, u: float, cond_T: float | None = None) ->
     return _trisolve(Z[ids], L, E_rows, u, cond_T)
 
 
-def _trisolve(Z_rows: np.ndarray, L: np.ndarray, E_rows: np.ndarray, u: float, cond_T: float) -> dict:
-    """trisolve_errors from the sampled rows of Z (checked) alone."""
+def extended_yardstick(Z_rows: np.ndarray, L: np.ndarray, E_rows: np.ndarray) -> tuple:
+    """The trisolve metrics' yardstick in extended precision on the host: the reference rows T^{-1} z_v, the
+    residuals z_v - L L^T e_v, and the bits they carry."""
+    Lx = L.astype(EXTENDED)
+    resid = Z_rows.astype(EXTENDED) - (E_rows.astype(EXTENDED) @ Lx) @ Lx.T
+    return _reference_rows(Z_rows, L), resid, EXTENDED_BITS
+
+
+def _trisolve(Z_rows, L: np.ndarray, E_rows, u: float, cond_T: float, work=HOST) -> dict:
+    """trisolve_errors from the sampled rows of Z and E (checked) alone, rows where `work` computes: its
+    yardstick gives the reference rows and the residuals, this the norms and ratios on the host."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        exact = _reference_rows(Z_rows, L)
+        exact, resid, bits = work.yardstick(Z_rows, L, E_rows, u)
+        E_rows = work.host(E_rows)
         fwd_num = np.linalg.norm((E_rows - exact).astype(np.float64), axis=1)
         fwd_den = np.linalg.norm(exact.astype(np.float64), axis=1)
-        Lx = L.astype(EXTENDED)
-        resid = Z_rows.astype(EXTENDED) - (E_rows.astype(EXTENDED) @ Lx) @ Lx.T
         denom = np.linalg.norm(L, 1) * np.linalg.norm(L.T, 1) * np.abs(E_rows).sum(axis=1)
         bwd_num = np.abs(resid.astype(np.float64)).sum(axis=1)
     fwd, bwd = _ratios(fwd_num, fwd_den), _ratios(bwd_num, denom)
@@ -295,7 +312,7 @@ def _trisolve(Z_rows: np.ndarray, L: np.ndarray, E_rows: np.ndarray, u: float, c
         "trisolve_backward_ratio": backward / u,
         # resolved only while the forward-error bound cond(T) u stays small, and while the yardstick is
         # finer than u (long double is no wider than float64 on some platforms, e.g. ARM macOS)
-        "trisolve_resolved": bool(cond_T * u <= 0.1 and 2.0**-EXTENDED_BITS <= u / 16),
+        "trisolve_resolved": bool(cond_T * u <= 0.1 and 2.0**-bits <= u / 16),
     }, "entries too large or too small")
 
 
@@ -490,7 +507,7 @@ def checked_interface_metrics(Z, L: np.ndarray, E, B, u: float, factor_u: float,
     out = checked_orthonormality(Z, u, work)
     out.update(cholesky_conditioning(L, factor_u))
     ids = sample_ids(Z.shape[0], sample_rows)
-    out.update(_trisolve(work.rows(Z, ids), L, work.rows(E, ids), u, out["cond_T"]))
+    out.update(_trisolve(work.rows(Z, ids), L, work.rows(E, ids), u, out["cond_T"], work))
     out.update(checked_head_metrics(E, B, work))
     return out
 

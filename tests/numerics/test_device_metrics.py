@@ -15,13 +15,17 @@ from pitcheck.numerics.policy import get_policy
 # is a residual r of O(1)-normed operands computed with an error of about D^1.5 u64 (D x D entries, each a sum
 # with error ~ D u64 at worst, in a Frobenius norm). Where the state is coarser than float64 that is ~3e-10 of r
 # at most here (penrose_4, whose B_perp is a difference), and RTOL leaves room; where the state is float64 the
-# residuals themselves are at that floor and only the absolute bound holds (a ratio in units of u: over u)
+# residuals themselves are at that floor and only the absolute bound holds (a ratio in units of u: over u).
+# The trisolve yardstick is float64 on the device (extended on the host) for u >= 16 u64: its reference rows
+# carry ~cond(T) u64, a few 1e-9 of the forward error measured here
 RTOL = 1e-7
 RATIOS = {"orthonormality_ratio": 1.0, "trisolve_forward_ratio": 1.0, "trisolve_backward_ratio": 1.0}
 NUMERIC = [k for k in ("orthonormality", "orthonormality_ratio", "cond_L", "cond_T", "min_diag_L", "breakdown_margin",
                        "trisolve_forward", "trisolve_forward_ratio", "trisolve_backward", "trisolve_backward_ratio",
                        "pinv_drift", "penrose", "penrose_1", "penrose_2", "penrose_3", "penrose_4", "pinv_error")]
 HEAD_KEYS = NUMERIC[-7:]
+# the same code on a GPU where there is one (cuBLAS's and cuSOLVER's float64, against numpy's)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
 def _state(V, D, fmt, seed=0, noise=1e-5):
@@ -38,7 +42,7 @@ def _state(V, D, fmt, seed=0, noise=1e-5):
 
 
 def _host(x):
-    return x.double().numpy()
+    return x.double().cpu().numpy()
 
 
 def _agree(got: dict, want: dict, keys=NUMERIC, dim: int = 32, u: float = 1.0):
@@ -48,32 +52,53 @@ def _agree(got: dict, want: dict, keys=NUMERIC, dim: int = 32, u: float = 1.0):
         assert got[k] == pytest.approx(want[k], rel=RTOL, abs=floor / u if k in RATIOS else floor), k
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp32", "fp64", "bf16"])
 @pytest.mark.parametrize("shape", [(2048, 32), (300, 8)])
-def test_interface_metrics_on_the_device_are_the_host_forms(fmt, shape):
+def test_interface_metrics_on_the_device_are_the_host_forms(fmt, shape, device):
     Z, L, E = _state(*shape, fmt)
     u = FORMATS[fmt].u
     want = metrics.interface_metrics(_host(Z), _host(L), _host(E), u, factor_u=FORMATS["fp32"].u)
-    got = device_metrics.interface_metrics(Z, L, E, u, factor_u=FORMATS["fp32"].u)
+    got = device_metrics.interface_metrics(Z.to(device), L.to(device), E.to(device), u, factor_u=FORMATS["fp32"].u)
     _agree(got, want, dim=shape[1], u=u)
     assert got["trisolve_resolved"] == want["trisolve_resolved"]
 
 
-def test_a_head_of_its_own_and_the_householder_branch_agree_too():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_head_of_its_own_and_the_householder_branch_agree_too(device):
     """An untied B, and an E conditioned past Cholesky QR's limit (the Householder QR runs on the device)."""
     Z, L, E = _state(1024, 16, "fp64")
+    on = lambda x: x.to(device)  # noqa: E731
     rng = np.random.default_rng(1)
     B = (Z @ (L @ L.T)) + 1e-6 * torch.from_numpy(rng.standard_normal(Z.shape))
-    _agree(device_metrics.head_metrics(E, B), metrics.head_metrics(_host(E), _host(B)), HEAD_KEYS, 16)
+    _agree(device_metrics.head_metrics(on(E), on(B)), metrics.head_metrics(_host(E), _host(B)), HEAD_KEYS, 16)
     E_ill = E.clone()
     E_ill[:, 0] *= 1e-7  # cond(E) ~ 2e7 > CHOLQR2_MAX_COND
     assert metrics.condition_number(_host(E_ill)) > metrics.CHOLQR2_MAX_COND
     # B near E's pseudo-inverse: pinv_error (1e-11) is a residual that R's every entry moves
     Q, R = np.linalg.qr(_host(E_ill))
     B_ill = torch.from_numpy(Q @ np.linalg.inv(R).T + 1e-6 * rng.standard_normal(Q.shape))
-    got, want = device_metrics.head_metrics(E_ill, B_ill), metrics.head_metrics(_host(E_ill), _host(B_ill))
+    got, want = device_metrics.head_metrics(on(E_ill), on(B_ill)), metrics.head_metrics(_host(E_ill), _host(B_ill))
     assert 1e-12 < want["pinv_error"] < 1e-6
     _agree(got, want, HEAD_KEYS, 16)
+
+
+@pytest.mark.parametrize("fmt,bits", [("fp32", 53), ("bf16", 53), ("fp64", metrics.EXTENDED_BITS)])
+def test_the_trisolve_yardstick_is_float64_on_the_device_only_where_it_is_16_times_finer_than_u(fmt, bits):
+    """fp32 and coarser: float64 solves where the rows live (the extended ones on the host cost 1.6 s a record
+    at D = 512); float64 itself: extended precision, as the host form; the same values to within RTOL."""
+    Z, L, E = _state(512, 16, fmt)
+    u, ids = FORMATS[fmt].u, metrics.sample_ids(512, 256)
+    work = device_metrics.TorchWork(Z)
+    rows = [work.rows(x.double(), ids) for x in (Z, E)]
+    exact, resid, got_bits = work.yardstick(rows[0], _host(L), rows[1], u)
+    assert got_bits == bits and exact.shape == resid.shape == (len(ids), 16)
+    want = metrics.extended_yardstick(*(r.numpy() for r in (rows[0],)), _host(L), rows[1].numpy())
+    scale = np.abs(want[0].astype(np.float64)).max()
+    assert np.abs(exact - want[0].astype(np.float64)).max() <= 64 * 2.0**-53 * scale
+    got = device_metrics.interface_metrics(Z, L, E, u)
+    _agree(got, metrics.interface_metrics(_host(Z), _host(L), _host(E), u), dim=16, u=u)
+    assert got["trisolve_resolved"] is (fmt != "fp64" or 2.0**-metrics.EXTENDED_BITS <= u / 16)
 
 
 def test_the_device_form_sees_a_wrong_operand():
