@@ -184,10 +184,9 @@ class Engine:
             return self._step(grads, step_index)
 
     def _step(self, grads: dict, step_index: int) -> list[dict]:
-        # the step's forward pass: its FP8 logits GEMM casts (histories advance); stored() copies the tables
-        # to float64, so only where a format is placed there
+        # the step's forward pass: its FP8 logits GEMM casts (histories advance), Z where it is stored
         if self.model.has_retraction and self.quantisers.logits_placed:
-            self.quantisers.forward_logits(*self.model.stored())
+            self.quantisers.forward_logits(self.model.Z, self.arrays.numpy(self.model.L))
         admitted, events = self._admit(grads)
         if admitted is None:
             return events

@@ -72,13 +72,18 @@ class Quantisers:
         """Whether the logits GEMM's operands go through a format (forward_logits casts them)."""
         return self.placement is not None and bool(self.placement.logits)
 
-    def forward_logits(self, Z: np.ndarray, L: np.ndarray) -> None:
-        """The step's forward logits GEMM on the stored Z and L: each operand cast once (histories advance)."""
+    def forward_logits(self, Z, L: np.ndarray) -> None:
+        """The step's forward logits GEMM on the stored Z and L: each operand cast once, of which only a stateful
+        recipe's history keeps anything, and that is the operand's amax. So a stateless recipe casts nothing
+        here, and Z stays where the model holds it (a torch tensor's amax is one scalar read); L is D x D."""
         if not self.logits_placed:
             return
-        T = L @ L.T
-        self.recipes["logits_activation"].quantise(T, axis=-1)
-        self.recipes["logits_weight"].quantise(Z, axis=-1)
+        activation, weight = (self.recipes[role] for role in LOGITS_ROLES)
+        if isinstance(activation, TensorDelayed):
+            T = L @ L.T
+            activation.observe(float(np.max(np.abs(T), initial=0.0)))
+        if isinstance(weight, TensorDelayed):
+            weight.observe(float(abs(Z).max()))  # numpy's or torch's: the same float (NaN included)
 
     def logits_head(self, Z: np.ndarray, L: np.ndarray) -> np.ndarray:
         """B = W^T of the FP8 logits GEMM at the current scales, measured on copies of the recipes."""

@@ -189,11 +189,15 @@ class TensorDelayed(Recipe):
 
     def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
         out = _tensor_quantised(a, self.scale, self.element, rounding, rng)
-        self.history = [float(np.max(np.abs(a), initial=0.0))] + self.history[: self.history_len - 1]
+        self.observe(float(np.max(np.abs(a), initial=0.0)))
+        return out
+
+    def observe(self, amax: float) -> None:
+        """What a cast leaves behind: its tensor's amax enters the history and the scale follows."""
+        self.history = [amax] + self.history[: self.history_len - 1]
         amax = max(self.history) if self.algo == "max" else self.history[0]
         if amax > 0 and math.isfinite(amax):  # else TE keeps the previous scale
             self.scale = _tensor_scale(amax, FORMATS[self.element].max, self.margin, False)
-        return out
 
 
 def _nan_quantised(a: np.ndarray, element: str) -> Quantised:

@@ -119,6 +119,35 @@ def test_the_logits_histories_advance_once_per_step_and_never_when_measured():
                           quantised_head(Z, L, get_placement("logits-delayed"), current))
 
 
+def test_the_forward_logits_keeps_of_each_cast_only_what_a_history_keeps(monkeypatch):
+    """A step's forward logits GEMM: a delayed recipe's history and scale as its full cast leaves them (the
+    operand's amax), and Z read where it is stored; a stateless recipe leaves nothing, so nothing is cast."""
+    import torch
+
+    delayed, cast = _engine("fp8-logits-delayed"), _engine("fp8-logits-delayed")
+    for engine in (delayed, cast):  # L away from I, where amax(L L^T) = amax(L)
+        _steps(engine, 0, 2)
+    L = delayed.stored()[1]
+    assert np.abs(L @ L.T).max() != np.abs(L).max()
+    reads = []
+    numpy = torch.Tensor.numpy
+    monkeypatch.setattr(torch.Tensor, "numpy", lambda t, *a, **k: reads.append(tuple(t.shape)) or numpy(t, *a, **k))
+    delayed.quantisers.forward_logits(delayed.model.Z, delayed.arrays.numpy(delayed.model.L))
+    assert (128, 32) not in reads  # L's 32 x 32 only
+    monkeypatch.undo()
+    Z, L = cast.stored()
+    cast.quantisers.recipes["logits_activation"].quantise(L @ L.T)
+    cast.quantisers.recipes["logits_weight"].quantise(Z)
+    for role in LOGITS_ROLES:
+        got, want = delayed.quantisers.recipes[role], cast.quantisers.recipes[role]
+        assert got.history == want.history and got.scale == want.scale and got.history[0] > 0
+    stateless = _engine("fp8-logits")
+    monkeypatch.setattr(TensorDelayed, "observe", lambda *a: pytest.fail("a stateless recipe observed"))
+    for recipe in stateless.quantisers.recipes.values():
+        monkeypatch.setattr(recipe, "quantise", lambda *a, **k: pytest.fail("a cast whose result is dropped"))
+    stateless.quantisers.forward_logits(stateless.model.Z, stateless.arrays.numpy(stateless.model.L))
+
+
 def test_snapshot_restore_and_state_dict_carry_the_histories():
     engine = _engine("fp8-adam-delayed")
     _steps(engine, 0, 4)
