@@ -1,13 +1,17 @@
 """The interface metrics of torch tensors, computed where they live: the O(V D^2) products in float64 on the
-tensors' device, everything else (D x D factorisations, the sampled rows' extended-precision solves, the
-ratios) on the host from D x D matrices and a few hundred rows, as pitcheck.numerics.metrics computes it.
+tensors' device, and the 256 sampled rows' reference solves there too wherever float64 is fine enough for the
+run's u (else in extended precision on the host); the D x D factorisations and the ratios on the host, as
+pitcheck.numerics.metrics computes them.
 
-So a record on a GPU moves D x D matrices and scalars to the host, never a V x D table. The same code runs
-on CPU tensors (a torch backend's run on the CPU), which is where it is tested against the numpy form.
-Arguments that the host form would refuse (non-finite entries, a singular L) are refused here with the
-same message, so a caller can fall back to the host form's per-part measurement.
+So a record on a GPU moves D x D matrices, three blocks of the sampled rows and scalars to the host, never a
+V x D table. The same code runs on CPU tensors (a torch backend's run on the CPU), which is where it is tested
+against the numpy form. Arguments that the host form would refuse (non-finite entries, a singular L) are
+refused here with a PitcheckError too, and so is a device that runs out of memory for the float64 copies
+(a CUDA out-of-memory error), so a caller can fall back to the host form's per-part measurement.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -84,9 +88,30 @@ class TorchWork:
         return self.host(exact), self.host(resid), FLOAT64_BITS
 
 
-def _float64(x, name: str):
+def _memory_refused(measure):
+    """A device out of memory for the float64 copies (seven V x D buffers: 1.6 GB at 49152 x 576) is a
+    PitcheckError, after which the host form measures from host copies."""
+    @functools.wraps(measure)
+    def refusing(*args, **kwargs):
+        import torch
+
+        try:
+            return measure(*args, **kwargs)
+        except torch.cuda.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            raise PitcheckError(f"the device ran out of memory for the metrics' float64 copies "
+                                f"({(str(exc).splitlines() or [''])[0]})") from None
+
+    return refusing
+
+
+def _float64(x, name: str, like=None):
     import torch
 
+    if not isinstance(x, torch.Tensor):
+        raise PitcheckError(f"{name} must be a torch tensor here, got {type(x).__name__}")
+    if like is not None and x.device != like.device:
+        raise PitcheckError(f"{name} is on {x.device}, Z on {like.device}: the metrics need one device")
     if x.is_complex() or x.dtype == torch.bool:
         raise PitcheckError(f"{name} must be a real array, got a {x.dtype} tensor")
     if x.ndim != 2 or x.numel() == 0:
@@ -104,9 +129,11 @@ def _all_finite(named: dict) -> None:
             raise PitcheckError(f"{name} has non-finite entries (NaN or inf): its metrics are undefined")
 
 
+@_memory_refused
 def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None) -> dict:
     """metrics.interface_metrics of torch tensors Z, E (and B; default Z T) on their device, L anywhere."""
-    Z, E = _float64(Z, "Z"), _float64(E, "E")
+    Z = _float64(Z, "Z")
+    E = _float64(E, "E", like=Z)
     L = metrics.as_factor(L, "L")
     if Z.shape != E.shape or L.shape != (Z.shape[1], Z.shape[1]):
         raise PitcheckError(f"shape mismatch: Z {tuple(Z.shape)}, L {L.shape}, E {tuple(E.shape)}")
@@ -118,22 +145,25 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     if B is None:
         T = L @ L.T  # on the host in float64, as the numpy form forms it
         B = work.times(Z, T)
-    B = _float64(B, "B")
+    B = _float64(B, "B", like=Z)
     if B.shape != E.shape:
         raise PitcheckError(f"shape mismatch: E and B are {tuple(E.shape)} and {tuple(B.shape)}")
     _all_finite({"Z": Z, "E": E, "B": B})
     return metrics.checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows, work)
 
 
+@_memory_refused
 def head_metrics(E, B) -> dict:
     """metrics.head_metrics of torch tensors on their device."""
-    E, B = _float64(E, "E"), _float64(B, "B")
+    E = _float64(E, "E")
+    B = _float64(B, "B", like=E)
     if E.shape != B.shape:
         raise PitcheckError(f"shape mismatch: E and B are {tuple(E.shape)} and {tuple(B.shape)}")
     _all_finite({"E": E, "B": B})
     return metrics.checked_head_metrics(E, B, TorchWork(E))
 
 
+@_memory_refused
 def orthonormality(Z, u: float) -> dict:
     """metrics.orthonormality_loss and orthonormality_ratio of a torch tensor, from one Gram on its device."""
     Z = _float64(Z, "Z")

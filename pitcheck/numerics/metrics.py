@@ -1,8 +1,9 @@
 """Interface metrics: raw values and, where a standard exists, LAPACK-style ratios in units of u = 2^-p.
 
 All metrics take float64 copies of what a model actually computes with, and all cost O(V D^2):
-nothing here forms a V x V matrix. Those O(V D^2) products go through a `work` (HostWork: numpy on the host);
-pitcheck.numerics.device_metrics gives them a torch form on a model's device, and every D x D step stays here. The interface is written with E (V x D, the embedding rows) and
+nothing here forms a V x V matrix. Those O(V D^2) products go through a `work` (HostWork: numpy on the
+host); pitcheck.numerics.device_metrics gives them a torch form on a model's device, and every D x D step
+stays here. The interface is written with E (V x D, the embedding rows) and
 B = W^T (V x D, the head), so the same functions judge PIT, standard tying (B = E) and untied heads.
 
 Every public function checks its input first and raises PitcheckError with the reason when a metric is

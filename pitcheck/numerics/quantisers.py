@@ -15,8 +15,9 @@ Two things make a placement more than a table of recipe names (pitcheck.numerics
 
 When a cast advances a history (the rule that keeps a measurement from changing the run):
   logits            once per step, at its start: the step's forward pass runs the logits GEMM on the stored
-                    model and casts both operands (`forward_logits`). The gradient models do not differentiate
-                    through that GEMM, so the cast values are dropped; only the histories move, as in TE.
+                    model (`forward_logits`). The gradient models do not differentiate through that GEMM, so
+                    its cast values are dropped and only the histories move, as in TE: a delayed recipe's
+                    history takes each operand's amax, and a stateless recipe is not cast at all.
                     Measuring the FP8 head (`logits_head`, for metrics.csv) casts with the current scale on
                     a copy of each recipe: it is the head the next step's forward would compute, and a row
                     recorded more or less often leaves the histories, and so the run, exactly as they were.
@@ -68,6 +69,11 @@ class Quantisers:
 
     # ---- the casts ---------------------------------------------------------------------------------
     @property
+    def logits_stateful(self) -> bool:
+        """Whether a logits operand's recipe has a history, which a step's forward logits GEMM moves."""
+        return any(isinstance(self.recipes.get(role), TensorDelayed) for role in LOGITS_ROLES)
+
+    @property
     def logits_placed(self) -> bool:
         """Whether the logits GEMM's operands go through a format (forward_logits casts them)."""
         return self.placement is not None and bool(self.placement.logits)
@@ -75,7 +81,8 @@ class Quantisers:
     def forward_logits(self, Z, L: np.ndarray) -> None:
         """The step's forward logits GEMM on the stored Z and L: each operand cast once, of which only a stateful
         recipe's history keeps anything, and that is the operand's amax. So a stateless recipe casts nothing
-        here, and Z stays where the model holds it (a torch tensor's amax is one scalar read); L is D x D."""
+        here (the engine does not call this without a stateful one), and Z stays where the model holds it (a
+        torch tensor's amax is one scalar read a step); L is D x D."""
         if not self.logits_placed:
             return
         activation, weight = (self.recipes[role] for role in LOGITS_ROLES)

@@ -12,10 +12,12 @@ from pitcheck.numerics.formats import FORMATS
 from pitcheck.numerics.policy import get_policy
 
 # float64 metrics of the same float64 operands, in other summation orders (torch's BLAS, numpy's): each value
-# is a residual r of O(1)-normed operands computed with an error of about D^1.5 u64 (D x D entries, each a sum
-# with error ~ D u64 at worst, in a Frobenius norm). Where the state is coarser than float64 that is ~3e-10 of r
-# at most here (penrose_4, whose B_perp is a difference), and RTOL leaves room; where the state is float64 the
-# residuals themselves are at that floor and only the absolute bound holds (a ratio in units of u: over u).
+# is a residual r of O(1)-normed operands, D x D entries that each sum V products: a rounding error of V u64 at
+# worst, about sqrt(V) u64 as the errors accumulate in practice, D^2 of them in a Frobenius norm. Where the state
+# is coarser than float64 that is ~3e-10 of r at most here (penrose_4, whose B_perp is a difference), and RTOL
+# leaves room; where the state is float64 the residuals themselves are at that floor and only the absolute bound
+# 16 sqrt(V) D u64 holds (a ratio in units of u: over u), and the trisolve metrics, whose yardstick is then the
+# host's extended one on the same rows, are equal.
 # The trisolve yardstick is float64 on the device (extended on the host) for u >= 16 u64: its reference rows
 # carry ~cond(T) u64, a few 1e-9 of the forward error measured here
 RTOL = 1e-7
@@ -45,9 +47,9 @@ def _host(x):
     return x.double().cpu().numpy()
 
 
-def _agree(got: dict, want: dict, keys=NUMERIC, dim: int = 32, u: float = 1.0):
-    """got and want within RTOL, or within the float64 floor 16 D^1.5 u64 (over u for a ratio to u)."""
-    floor = 16 * dim**1.5 * 2.0**-53
+def _agree(got: dict, want: dict, keys=NUMERIC, dim: int = 32, u: float = 1.0, vocab: int = 2048):
+    """got and want within RTOL, or within the float64 floor 16 sqrt(V) D u64 (over u for a ratio to u)."""
+    floor = 16 * vocab**0.5 * dim * 2.0**-53
     for k in keys:
         assert got[k] == pytest.approx(want[k], rel=RTOL, abs=floor / u if k in RATIOS else floor), k
 
@@ -60,8 +62,10 @@ def test_interface_metrics_on_the_device_are_the_host_forms(fmt, shape, device):
     u = FORMATS[fmt].u
     want = metrics.interface_metrics(_host(Z), _host(L), _host(E), u, factor_u=FORMATS["fp32"].u)
     got = device_metrics.interface_metrics(Z.to(device), L.to(device), E.to(device), u, factor_u=FORMATS["fp32"].u)
-    _agree(got, want, dim=shape[1], u=u)
+    _agree(got, want, dim=shape[1], u=u, vocab=shape[0])
     assert got["trisolve_resolved"] == want["trisolve_resolved"]
+    if fmt == "fp64":  # the same extended-precision yardstick on the same rows: the same bits
+        assert all(got[k] == want[k] for k in NUMERIC if k.startswith("trisolve"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -71,7 +75,8 @@ def test_a_head_of_its_own_and_the_householder_branch_agree_too(device):
     on = lambda x: x.to(device)  # noqa: E731
     rng = np.random.default_rng(1)
     B = (Z @ (L @ L.T)) + 1e-6 * torch.from_numpy(rng.standard_normal(Z.shape))
-    _agree(device_metrics.head_metrics(on(E), on(B)), metrics.head_metrics(_host(E), _host(B)), HEAD_KEYS, 16)
+    want = metrics.head_metrics(_host(E), _host(B))
+    _agree(device_metrics.head_metrics(on(E), on(B)), want, HEAD_KEYS, 16, vocab=1024)
     E_ill = E.clone()
     E_ill[:, 0] *= 1e-7  # cond(E) ~ 2e7 > CHOLQR2_MAX_COND
     assert metrics.condition_number(_host(E_ill)) > metrics.CHOLQR2_MAX_COND
@@ -80,7 +85,7 @@ def test_a_head_of_its_own_and_the_householder_branch_agree_too(device):
     B_ill = torch.from_numpy(Q @ np.linalg.inv(R).T + 1e-6 * rng.standard_normal(Q.shape))
     got, want = device_metrics.head_metrics(on(E_ill), on(B_ill)), metrics.head_metrics(_host(E_ill), _host(B_ill))
     assert 1e-12 < want["pinv_error"] < 1e-6
-    _agree(got, want, HEAD_KEYS, 16)
+    _agree(got, want, HEAD_KEYS, 16, vocab=1024)
 
 
 @pytest.mark.parametrize("fmt,bits", [("fp32", 53), ("bf16", 53), ("fp64", metrics.EXTENDED_BITS)])
@@ -97,7 +102,7 @@ def test_the_trisolve_yardstick_is_float64_on_the_device_only_where_it_is_16_tim
     scale = np.abs(want[0].astype(np.float64)).max()
     assert np.abs(exact - want[0].astype(np.float64)).max() <= 64 * 2.0**-53 * scale
     got = device_metrics.interface_metrics(Z, L, E, u)
-    _agree(got, metrics.interface_metrics(_host(Z), _host(L), _host(E), u), dim=16, u=u)
+    _agree(got, metrics.interface_metrics(_host(Z), _host(L), _host(E), u), dim=16, u=u, vocab=512)
     assert got["trisolve_resolved"] is (fmt != "fp64" or 2.0**-metrics.EXTENDED_BITS <= u / 16)
 
 
@@ -108,7 +113,7 @@ def test_the_device_form_sees_a_wrong_operand():
     want = metrics.interface_metrics(_host(Z), _host(L), _host(E), 2.0**-53)
     got = device_metrics.interface_metrics(Z, L, E.float().double(), 2.0**-53)
     with pytest.raises(AssertionError):
-        _agree(got, want, ["trisolve_backward", "pinv_drift"], 16)
+        _agree(got, want, ["trisolve_backward", "pinv_drift"], 16, vocab=1024)
 
 
 @pytest.mark.parametrize("where,message", [("Z", "Z has non-finite"), ("E", "E has non-finite")])
@@ -136,6 +141,33 @@ def test_bad_arguments_are_refused_in_one_line():
         device_metrics.orthonormality(torch.zeros(4, 2, dtype=torch.complex64), 2.0**-24)
 
 
+def test_arguments_off_the_device_or_not_tensors_are_refused():
+    Z, L, E = _state(256, 8, "fp32")
+    with pytest.raises(PitcheckError, match="one device"):
+        device_metrics.interface_metrics(Z, L, E.to("meta"), 2.0**-24)
+    with pytest.raises(PitcheckError, match="torch tensor"):
+        device_metrics.head_metrics(E, _host(E))
+
+
+def test_a_device_out_of_memory_is_measured_on_the_host(monkeypatch):
+    """The device form's float64 copies may not fit beside a large model: a refusal, and the record is the
+    host form's."""
+    V, D = 512, 8
+    Z0, L0, _ = _state(V, D, "fp64", noise=0.0)
+    model = Engine("torch", get_policy("fp32"), StepSettings("qr", "sgd", 0.1), device="cpu")
+    model.initialise(Z0.numpy(), L0.numpy())
+    want = model.interface()
+
+    def out_of_memory(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.5 GiB")
+
+    monkeypatch.setattr(device_metrics.TorchWork, "gram", staticmethod(out_of_memory))
+    with pytest.raises(PitcheckError, match="ran out of memory"):
+        device_metrics.interface_metrics(model.model.Z, model.model.L, model.model.Z, 2.0**-24)
+    got = model.interface()
+    _agree(got, want, NUMERIC, D, model.policy.u, V)
+
+
 def test_relative_distance_is_the_host_forms():
     Z, _, _ = _state(512, 8, "fp32")
     Zr = Z.double() + 1e-7
@@ -156,8 +188,9 @@ class _HostReads:
 
         monkeypatch.setattr(torch.Tensor, "numpy", recorded)
 
-    def largest_rows(self) -> int:
-        return max((s[0] for s in self.shapes if len(s) == 2), default=0)
+    def largest(self) -> int:
+        """The most entries of one read."""
+        return max((int(np.prod(s)) for s in self.shapes), default=0)
 
 
 @pytest.mark.parametrize("head", ["pit", "tied", "untied"])
@@ -175,7 +208,7 @@ def test_a_torch_model_is_measured_without_reading_a_table_to_the_host(monkeypat
     reads = _HostReads(monkeypatch)
     row = model.interface()
     distances = model.distance(shadow)
-    assert 0 < reads.largest_rows() <= 256
+    assert 0 < reads.largest() <= 256 * D  # a table, V x D or D x V, would be 1024 * D
     monkeypatch.undo()
     host = model.model._interface_on_host() if head != "pit" else None
     if head == "pit":
@@ -185,5 +218,5 @@ def test_a_torch_model_is_measured_without_reading_a_table_to_the_host(monkeypat
                                          FORMATS[model.policy.factor].u, B=B)
     keys = [k for k in NUMERIC if k in host and np.isfinite(host[k])]
     assert "penrose" in keys and "orthonormality" in keys
-    _agree(row, host, keys, D, model.policy.u)
+    _agree(row, host, keys, D, model.policy.u, V)
     assert distances[0] > 0 and np.isfinite(distances[0])
