@@ -134,13 +134,7 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     """metrics.interface_metrics of torch tensors Z, E (and B; default Z T) on their device, L anywhere."""
     Z = _float64(Z, "Z")
     E = _float64(E, "E", like=Z)
-    L = metrics.as_factor(L, "L")
-    if Z.shape != E.shape or L.shape != (Z.shape[1], Z.shape[1]):
-        raise PitcheckError(f"shape mismatch: Z {tuple(Z.shape)}, L {L.shape}, E {tuple(E.shape)}")
-    u = metrics.unit_roundoff(u)
-    factor_u = u if factor_u is None else metrics.unit_roundoff(factor_u, "factor_u")
-    if isinstance(sample_rows, bool) or not isinstance(sample_rows, (int, np.integer)) or sample_rows < 1:
-        raise PitcheckError(f"sample_rows must be a positive integer, got {sample_rows!r}")
+    L, u, factor_u = metrics.checked_settings(Z.shape, metrics.as_matrix(L, "L"), E.shape, u, factor_u, sample_rows)
     work = TorchWork(Z)
     if B is None:
         T = L @ L.T  # on the host in float64, as the numpy form forms it

@@ -491,15 +491,22 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     (default Z T, exact from the stored Z and L; an FP8 logits GEMM's head differs).
     """
     Z, L, E = as_matrix(Z, "Z"), as_matrix(L, "L"), as_matrix(E, "E")
-    if Z.shape != E.shape or L.shape != (Z.shape[1], Z.shape[1]):
-        raise PitcheckError(f"shape mismatch: Z {Z.shape}, L {L.shape}, E {E.shape}")
+    L, u, factor_u = checked_settings(Z.shape, L, E.shape, u, factor_u, sample_rows)
+    B = Z @ (L @ L.T) if B is None else as_matrix(B, "B")  # W^T = Z T
+    _same_shape(E, B, "E and B")
+    return checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows)
+
+
+def checked_settings(Z_shape, L: np.ndarray, E_shape, u, factor_u, sample_rows) -> tuple:
+    """interface_metrics' checks of the shapes, L and the settings, wherever Z and E live: (L, u, factor_u)."""
+    Z_shape, E_shape = tuple(Z_shape), tuple(E_shape)
+    if Z_shape != E_shape or L.shape != (Z_shape[1], Z_shape[1]):
+        raise PitcheckError(f"shape mismatch: Z {Z_shape}, L {L.shape}, E {E_shape}")
     L, u = as_factor(L), unit_roundoff(u)
     factor_u = u if factor_u is None else unit_roundoff(factor_u, "factor_u")
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, (int, np.integer)) or sample_rows < 1:
         raise PitcheckError(f"sample_rows must be a positive integer, got {sample_rows!r}")
-    B = Z @ (L @ L.T) if B is None else as_matrix(B, "B")  # W^T = Z T
-    _same_shape(E, B, "E and B")
-    return checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows)
+    return L, u, factor_u
 
 
 def checked_interface_metrics(Z, L: np.ndarray, E, B, u: float, factor_u: float, sample_rows: int,

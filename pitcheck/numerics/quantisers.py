@@ -73,19 +73,10 @@ class Quantisers:
         """Whether a logits operand's recipe has a history, which a step's forward logits GEMM moves."""
         return any(isinstance(self.recipes.get(role), TensorDelayed) for role in LOGITS_ROLES)
 
-    @property
-    def logits_placed(self) -> bool:
-        """Whether the logits GEMM's operands go through a format (forward_logits casts them)."""
-        return self.placement is not None and bool(self.placement.logits)
-
     def forward_logits(self, Z, L: np.ndarray) -> None:
-        """The step's forward logits GEMM on the stored Z and L: each operand cast once, of which only a stateful
-        recipe's history keeps anything, and that is the operand's amax. So a stateless recipe casts nothing
-        here (the engine does not call this without a stateful one), and Z stays where the model holds it (a
-        torch tensor's amax is one scalar read a step); L is D x D."""
-        if not self.logits_placed:
-            return
-        activation, weight = (self.recipes[role] for role in LOGITS_ROLES)
+        """The step's forward logits GEMM on the stored Z (where it lives) and L: of each operand's cast only a
+        delayed recipe's history keeps anything, the operand's amax, so nothing else is cast."""
+        activation, weight = (self.recipes.get(role) for role in LOGITS_ROLES)
         if isinstance(activation, TensorDelayed):
             T = L @ L.T
             activation.observe(float(np.max(np.abs(T), initial=0.0)))
