@@ -134,7 +134,8 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None, saturate: bo
     """Round every entry of x to the nearest value of `fmt` (ties to even), returned in x's dtype.
 
     mode="stochastic" rounds up with probability equal to the fractional distance (unbiased);
-    it needs `rng` (a numpy Generator, or a torch Generator for torch input).
+    it needs `rng`: a numpy Generator, or for torch input a torch Generator or a numpy one (whose draws,
+    made on the host, are copied to the tensor's device: the same noise, and so the same bits, as numpy's).
     Overflow gives +-inf, or NaN for formats without infinities (as ml_dtypes does: OFP8's
     non-saturating mode); saturate=True (OFP8's saturating mode) gives the signed largest finite
     value instead, for infinities too, and a format with no NaN (E2M1) always saturates. NaN stays NaN
@@ -149,10 +150,12 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None, saturate: bo
         import torch as xp
 
         def uniform(s):
+            if isinstance(rng, np.random.Generator):
+                return xp.from_numpy(rng.random(s.shape)).to(device=s.device, dtype=s.dtype)
             return xp.rand(s.shape, generator=rng, dtype=s.dtype, device=s.device)
 
         rint = xp.round  # half to even
-        lib = "torch.Generator"
+        lib = "torch.Generator or a numpy Generator"
     else:
         xp = np
         x = np.asarray(x)
@@ -218,7 +221,16 @@ def e8m0_encode(x, rounding: str = "nearest") -> np.ndarray:
 
 
 def e8m0_decode(codes) -> np.ndarray:
-    """The float64 values 2^(code - 127) of E8M0 codes; code 255 is NaN."""
+    """The float64 values 2^(code - 127) of E8M0 codes; code 255 is NaN. A uint8 tensor's values are a
+    float64 tensor on its device."""
+    if _is_torch(codes):
+        import torch
+
+        if codes.dtype != torch.uint8:
+            raise PitcheckError(f"E8M0 codes are uint8, got {codes.dtype}")
+        values = torch.ldexp(torch.ones(codes.shape, dtype=torch.float64, device=codes.device),
+                             codes.long() - E8M0_BIAS)
+        return values.where(codes != E8M0_NAN, float("nan"))
     codes = np.asarray(codes)
     if codes.dtype != np.uint8:
         raise PitcheckError(f"E8M0 codes are uint8, got {codes.dtype}")

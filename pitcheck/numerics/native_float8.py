@@ -98,27 +98,26 @@ def quantise(x, recipe: str | Recipe):
     M, K = x.shape
     length, per_row = _block_length(recipe, K)
     if not per_row:
-        # TE's encode scale fp32(fmax / amax) and its scale_inv fp32(1 / scale): no trip to the host
+        # TE's encode scale fp32(fmax / amax) and its scale_inv fp32(1 / scale), both where x is
         encode = _tensor_encode_scale(recipe, x)
-        decode = float(np.float32(1.0 / encode))
-        values = cast(x * encode, recipe.element)
-        scales = torch.tensor([[decode]], dtype=torch.float32, device=x.device)
+        values = cast(x * encode.to(torch.float32), recipe.element)  # encode is an fp32 value: exact
+        scales = (1.0 / encode).to(torch.float32).reshape(1, 1)
         return values, scales, K, False
-    # block scales by the emulation's rule from the same amaxes (the values it also computes are dropped)
-    emulated = recipe.quantise(x.detach().cpu().double().numpy(), axis=-1)
+    # block scales by the emulation's rule from the same amaxes, computed where x is (its values are dropped)
+    emulated = recipe._quantise(x.detach().double(), -1, "nearest", None)
     # block scales: one per (row, block) for 1 x n blocks; an n x n tile's scale repeated on its rows
-    block_scales = np.repeat(emulated.scales, emulated.block[0], axis=0)[:M]
-    scales = torch.from_numpy(block_scales.astype(np.float32)).to(x.device)
+    scales = emulated.scales.repeat_interleave(emulated.block[0], dim=0)[:M].to(torch.float32)
     divisor = scales.repeat_interleave(length, dim=1)[:, :K]
     values = cast(x / divisor, recipe.element)
     return values, scales, length, True
 
 
-def _tensor_encode_scale(recipe: TensorCurrent, x) -> float:
-    from .scaling import _tensor_scale  # the one definition of TE's scale rule
+def _tensor_encode_scale(recipe: TensorCurrent, x):
+    """The encode scale as a float64 0-d tensor on x's device (nothing read to the host)."""
+    from .scaling import _tensor_amax, _tensor_scale  # the one definition of TE's scale rule
 
-    amax = float(x.detach().abs().max()) if x.numel() else 0.0
-    return _tensor_scale(max(amax, recipe.amax_epsilon), FORMATS[recipe.element].max, 0, recipe.pow2)
+    amax = _tensor_amax(x.detach().double())
+    return _tensor_scale(amax.clamp(min=recipe.amax_epsilon), FORMATS[recipe.element].max, 0, recipe.pow2)
 
 
 def _pad(t, rows: int, cols: int):

@@ -22,9 +22,9 @@ the policy's master format (fp32). The roles:
                    (`stochastic` names the roles rounded so), the forward pass to nearest. The nearest
                    twin of the same placement shows what the rounding mode alone changes.
 
-All quantisation is the bit-exact CPU emulation of pitcheck.numerics.scaling (float64 arithmetic, the decoded
-values then held in the policy's storage format), on CUDA too: native float8 GEMMs are not used (the run's
-manifest lists this under `emulated`). Current, block and MX scaling are stateless: a resumed run recomputes
+All quantisation is the bit-exact emulation of pitcheck.numerics.scaling (float64 arithmetic where the tensor
+lives, host or device, the decoded values then held in the policy's storage format), on CUDA too: native
+float8 GEMMs are not used (the run's manifest lists this under `emulated`). Current, block and MX scaling are stateless: a resumed run recomputes
 the same copies from the same master. Delayed scaling (`tensor-delayed`, its options in `recipe_options`) has
 an amax history per tensor, and stochastic rounding draws noise: a run holds both in
 pitcheck.numerics.quantisers, which checkpoints the histories and seeds the noise from the run's seed and step.

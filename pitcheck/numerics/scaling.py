@@ -6,7 +6,8 @@ format) and decode scales, one per block, so that the dequantised tensor is
 Blocks are rectangles of x: the whole tensor (per-tensor recipes), 1 x n along one axis (`axis`, the
 orientation: quantising x along its rows and transposing differs from quantising x.T along its rows),
 or n x n tiles of the last two axes (the same tiles either way round). A partial block at an edge is
-a shorter block. All arithmetic is float64 on the CPU: a scaled value x * s or x / s is formed once
+a shorter block. All arithmetic is float64, where x lives (a numpy array on the host, a torch tensor on its
+device, with the same bits: every step is an exact operation or one IEEE rounding): a scaled value x * s or x / s is formed once
 (exactly for fp32 or bf16 input with a power-of-two scale; one float64 rounding otherwise, where the
 hardware rounds to fp32) and rounded once to the element format, saturating (OFP8's satfinite
 conversion), by round to nearest even or stochastic rounding. A NaN or infinity in a block makes that
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..infra.errors import PitcheckError
-from .formats import E8M0_BIAS, E8M0_NAN, FORMATS, e8m0_decode, get_format, round_to
+from .formats import E8M0_BIAS, E8M0_NAN, FORMATS, _is_torch, e8m0_decode, get_format, round_to
 
 FP32_MAX = float(np.finfo(np.float32).max)
 
@@ -55,7 +56,25 @@ class Quantised:
 
 
 def _fp32(x):
-    return round_to(np.asarray(x, dtype=np.float64), FORMATS["fp32"])
+    """x rounded to fp32's values, float64: a tensor stays a tensor (on its device)."""
+    return round_to(x if _is_torch(x) else np.asarray(x, dtype=np.float64), FORMATS["fp32"])
+
+
+def _where(condition, a, b):
+    """np.where, or torch.where for a tensor condition (a Python float either side is broadcast)."""
+    if _is_torch(condition):
+        import torch
+
+        return torch.where(condition, a, b)
+    return np.where(condition, a, b)
+
+
+def _tensor_amax(a):
+    """max |a| over the whole tensor, 0 for an empty one (NaN where a holds a NaN): a Python float for an
+    array, a 0-d tensor where a tensor lives (nothing is read to the host)."""
+    if _is_torch(a):
+        return a.abs().amax() if a.numel() else a.new_zeros(())
+    return float(np.max(np.abs(a), initial=0.0))
 
 
 def _block_shape(shape: tuple, block: tuple | None, axis: int | None) -> tuple:
@@ -76,19 +95,29 @@ def _block_shape(shape: tuple, block: tuple | None, axis: int | None) -> tuple:
     return (1,) * (len(shape) - 2) + tuple(block)
 
 
-def _block_amax(a: np.ndarray, block: tuple) -> np.ndarray:
-    """max |a| over each block (NaN where a block holds a NaN); blocks at the edges may be shorter."""
-    padded = np.pad(np.abs(a), [(0, -n % b) for n, b in zip(a.shape, block)])
+def _block_amax(a, block: tuple):
+    """max |a| over each block (NaN where a block holds a NaN); blocks at the edges may be shorter (zeros
+    pad them, which no |entry| is below)."""
+    padding = [-n % b for n, b in zip(a.shape, block)]
     split = []
-    for n, b in zip(padded.shape, block):
-        split += [n // b, b]
-    return padded.reshape(split).max(axis=tuple(range(1, 2 * a.ndim, 2)), initial=0.0)
+    for n, pad, b in zip(a.shape, padding, block):
+        split += [(n + pad) // b, b]
+    axes = tuple(range(1, 2 * a.ndim, 2))
+    if _is_torch(a):
+        padded = a.new_zeros([n + pad for n, pad in zip(a.shape, padding)])
+        padded[tuple(slice(0, n) for n in a.shape)] = a.abs()
+        if padded.numel() == 0:  # numpy's initial=0.0: an empty block's maximum is 0
+            return a.new_zeros(split[0::2])
+        return padded.reshape(split).amax(dim=axes)
+    padded = np.pad(np.abs(a), [(0, pad) for pad in padding])
+    return padded.reshape(split).max(axis=axes, initial=0.0)
 
 
-def _expand(scales: np.ndarray, block: tuple, shape: tuple) -> np.ndarray:
+def _expand(scales, block: tuple, shape: tuple):
     out = scales
     for axis, (b, n) in enumerate(zip(block, shape)):
-        out = np.repeat(out, b, axis=axis)[(slice(None),) * axis + (slice(0, n),)]
+        repeated = out.repeat_interleave(b, dim=axis) if _is_torch(out) else np.repeat(out, b, axis=axis)
+        out = repeated[(slice(None),) * axis + (slice(0, n),)]
     return out
 
 
@@ -101,13 +130,17 @@ def _to_numpy(x) -> np.ndarray:
     return a.astype(np.float64)
 
 
-def _like(a: np.ndarray, x):
-    """a (float64) as x's kind: a numpy array, or a float64 torch tensor on x's device."""
-    if type(x).__module__.startswith("torch"):
+def _namespace(a):
+    """numpy, or torch for a tensor."""
+    if _is_torch(a):
         import torch
 
-        return torch.from_numpy(a).to(x.device)
-    return a
+        return torch
+    return np
+
+
+def _full_like(a, value: float):
+    return a.new_full(a.shape, value) if _is_torch(a) else np.full_like(a, value, dtype=np.float64)
 
 
 def _cast(scaled: np.ndarray, element: str, rounding: str, rng) -> np.ndarray:
@@ -125,27 +158,46 @@ class Recipe:
         return self._quantise(_to_numpy(x), axis, rounding, rng)
 
     def fake_quant(self, x, axis: int = -1, rounding: str = "nearest", rng=None):
-        return _like(self.quantise(x, axis=axis, rounding=rounding, rng=rng).dequantise(), x)
+        """x through the recipe and back, float64 in x's kind. A tensor is quantised where it lives, to the
+        same bits as the host's numpy (a stochastic rounding's numpy Generator draws on the host, and only
+        its noise is copied to the device)."""
+        if _is_torch(x):
+            return self._quantise(x.detach().double(), axis, rounding, rng).dequantise()
+        return self.quantise(x, axis=axis, rounding=rounding, rng=rng).dequantise()
 
     def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
         raise NotImplementedError
 
 
-def _tensor_scale(amax: float, fmax: float, margin: float, pow2: bool) -> float:
+def _tensor_scale(amax, fmax: float, margin: float, pow2: bool):
     """TE's encode scale fmax / amax / 2^margin in fp32 (saturated to fp32's max for a tiny amax),
-    optionally rounded down to a power of two; 1 for a zero amax."""
+    optionally rounded down to a power of two; 1 for a zero amax. A 0-d tensor's amax gives a 0-d tensor
+    on its device (a Python float's a float)."""
+    if _is_torch(amax):
+        import torch
+
+        scale = _fp32(fmax / amax / 2.0**margin).clamp(max=FP32_MAX)
+        if pow2:  # 2^floor(log2 scale), exactly: scale = m 2^e with 1/2 <= m < 1 (an underflowed 0 kept)
+            scale = torch.where(scale > 0, torch.ldexp(torch.ones_like(scale), torch.frexp(scale)[1] - 1), scale)
+        return torch.where(amax == 0, 1.0, scale)
     if amax == 0:
         return 1.0
     scale = float(_fp32(fmax / amax / 2.0**margin))
     scale = min(scale, FP32_MAX)
-    if pow2:
+    if pow2 and scale > 0:  # 0: fmax / amax underflowed fp32 (an amax past fp32's range), NaN values follow
         scale = 2.0 ** math.floor(math.log2(scale))
     return scale
 
 
-def _tensor_quantised(a: np.ndarray, scale: float, element: str, rounding: str, rng) -> Quantised:
+def _tensor_quantised(a, scale, element: str, rounding: str, rng) -> Quantised:
     values = _cast(a * scale, element, rounding, rng)
-    decode = float(_fp32(1.0 / scale))  # TE's scale_inv, the fp32 reciprocal the GEMM multiplies by
+    if _is_torch(a):  # a Python or a 0-d tensor's scale: TE's scale_inv, kept where a is
+        decode = _fp32(a.new_tensor(1.0) / scale)
+        return Quantised(values, decode.reshape((1,) * a.ndim), element, tuple(a.shape))
+    # TE's scale_inv, the fp32 reciprocal the GEMM multiplies by; a scale that underflowed fp32 (an amax past
+    # fp32's range, which no fp32 tensor has) gives inf, and so NaN values, as on a device
+    with np.errstate(divide="ignore"):
+        decode = float(_fp32(np.float64(1.0) / scale))
     return Quantised(values, np.array(decode).reshape((1,) * a.ndim), element, tuple(a.shape))
 
 
@@ -158,12 +210,17 @@ class TensorCurrent(Recipe):
     pow2: bool = False
     amax_epsilon: float = 0.0
 
-    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
-        amax = float(np.max(np.abs(a), initial=0.0))
+    def _quantise(self, a, axis: int, rounding: str, rng) -> Quantised:
+        amax = _tensor_amax(a)
+        fmax = FORMATS[self.element].max
+        if _is_torch(a):  # no branch on the amax, which would read it: a non-finite one's NaNs selected
+            out = _tensor_quantised(a, _tensor_scale(amax.clamp(min=self.amax_epsilon), fmax, 0, self.pow2),
+                                    self.element, rounding, rng)
+            return _nan_where(amax, out)
         if not math.isfinite(amax):
             return _nan_quantised(a, self.element)
-        return _tensor_quantised(a, _tensor_scale(max(amax, self.amax_epsilon), FORMATS[self.element].max,
-                                                  0, self.pow2), self.element, rounding, rng)
+        return _tensor_quantised(a, _tensor_scale(max(amax, self.amax_epsilon), fmax, 0, self.pow2), self.element,
+                                 rounding, rng)
 
 
 @dataclass
@@ -187,9 +244,9 @@ class TensorDelayed(Recipe):
         if self.history_len < 1:
             raise PitcheckError(f"amax history length must be at least 1, got {self.history_len}")
 
-    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+    def _quantise(self, a, axis: int, rounding: str, rng) -> Quantised:
         out = _tensor_quantised(a, self.scale, self.element, rounding, rng)
-        self.observe(float(np.max(np.abs(a), initial=0.0)))
+        self.observe(float(_tensor_amax(a)))  # the history is host state: a tensor's amax is read, one scalar
         return out
 
     def observe(self, amax: float) -> None:
@@ -205,6 +262,15 @@ def _nan_quantised(a: np.ndarray, element: str) -> Quantised:
     return Quantised(nan, np.full((1,) * a.ndim, np.nan), element, tuple(a.shape))
 
 
+def _nan_where(amax, q: Quantised) -> Quantised:
+    """q, or _nan_quantised's all-NaN tensor where the (0-d tensor) amax is not finite: the device's form of
+    the host's early return."""
+    finite = amax.isfinite()
+    return Quantised(q.values.where(finite, float("nan")), q.scales.where(finite, float("nan")), q.element, q.block,
+                     q.global_scale if isinstance(q.global_scale, float) else q.global_scale.where(finite, float("nan")),
+                     q.scale_codes)
+
+
 @dataclass
 class BlockFP32(Recipe):
     """DeepSeek-V3's fine-grained scaling: per block, decode scale s = fp32(amax / fmax), values =
@@ -214,12 +280,12 @@ class BlockFP32(Recipe):
 
     block: tuple = (128,)
 
-    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+    def _quantise(self, a, axis: int, rounding: str, rng) -> Quantised:
         block = _block_shape(a.shape, self.block, axis)
         amax = _block_amax(a, block)
         scales = _fp32(amax / FORMATS[self.element].max)
-        scales = np.where(amax > 0, scales, 1.0)
-        scales = np.where(np.isfinite(amax), scales, np.nan)
+        scales = _where(amax > 0, scales, 1.0)
+        scales = _where(amax.isfinite() if _is_torch(amax) else np.isfinite(amax), scales, float("nan"))
         values = _cast(a / _expand(scales, block, a.shape), self.element, rounding, rng)
         return Quantised(values, scales, self.element, block)
 
@@ -235,22 +301,24 @@ class MX(Recipe):
     block: tuple = (32,)
     scale_rounding: str = "floor"
 
-    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+    def _quantise(self, a, axis: int, rounding: str, rng) -> Quantised:
         fmt = FORMATS[self.element]
         block = _block_shape(a.shape, self.block, axis)
         amax = _block_amax(a, block)
         # an all-zero (or NaN) block gets a tiny stand-in, whose exponent clamps to E8M0's 2^-127
-        safe = np.where(amax > 0, amax, 2.0**-200)
-        e = np.frexp(safe)[1]  # safe = m 2^e, 1/2 <= m < 1
+        safe = _where(amax > 0, amax, 2.0**-200)
+        xp = _namespace(amax)
+        e = xp.frexp(safe)[1]  # safe = m 2^e, 1/2 <= m < 1
         if self.scale_rounding == "floor":
             exponent = e - 1 - fmt.emax  # floor(log2 amax) - emax_elem, exactly
         else:
             # the smallest k with amax <= fmax 2^k: with fmax = f 2^g (1/2 <= f < 1), k is e - g when
             # amax <= f 2^e and e - g + 1 otherwise (exact comparisons, no logarithm)
-            f, g = np.frexp(fmt.max)
-            exponent = e - g + (safe > np.ldexp(f, e))
-        codes = (np.clip(exponent, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).astype(np.uint8)
-        codes = np.where(np.isfinite(amax), codes, np.uint8(E8M0_NAN)).astype(np.uint8)
+            f, g = math.frexp(fmt.max)
+            exponent = e - g + (safe > xp.ldexp(_full_like(safe, f), e))
+        codes = xp.clip(exponent, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS
+        codes = _where(xp.isfinite(amax), codes, E8M0_NAN)
+        codes = codes.to(xp.uint8) if xp is not np else codes.astype(np.uint8)
         scales = e8m0_decode(codes)
         values = _cast(a / _expand(scales, block, a.shape), self.element, rounding, rng)
         return Quantised(values, scales, self.element, block, scale_codes=codes)
@@ -267,20 +335,25 @@ class NVFP4(Recipe):
     element: str = "fp4-e2m1"
     block: tuple = (16,)
 
-    def _quantise(self, a: np.ndarray, axis: int, rounding: str, rng) -> Quantised:
+    def _quantise(self, a, axis: int, rounding: str, rng) -> Quantised:
         fmt, scale_fmt = FORMATS[self.element], FORMATS["fp8-e4m3"]
         block = _block_shape(a.shape, self.block, axis)
-        tensor_amax = float(np.max(np.abs(a), initial=0.0))
-        if not math.isfinite(tensor_amax):
+        tensor_amax = _tensor_amax(a)
+        on_device = _is_torch(a)
+        if on_device:  # g as a 0-d tensor (nothing read); a non-finite amax's NaNs selected at the end
+            g = _where(tensor_amax > 0, _fp32(tensor_amax / (fmt.max * scale_fmt.max)), 1.0)
+        elif not math.isfinite(tensor_amax):
             return _nan_quantised(a, self.element)
-        g = float(_fp32(tensor_amax / (fmt.max * scale_fmt.max))) if tensor_amax > 0 else 1.0
+        else:
+            g = float(_fp32(tensor_amax / (fmt.max * scale_fmt.max))) if tensor_amax > 0 else 1.0
         amax = _block_amax(a, block)
         scales = round_to(amax / (fmt.max * g), scale_fmt, saturate=True)
         divisor = _expand(scales, block, a.shape) * g
         with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale: its block is set to 0 below
             values = _cast(a / divisor, self.element, rounding, rng)
-        values = np.where(divisor > 0, values, 0.0)
-        return Quantised(values, scales, self.element, block, global_scale=g)
+        values = _where(divisor > 0, values, 0.0)
+        out = Quantised(values, scales, self.element, block, global_scale=g)
+        return _nan_where(tensor_amax, out) if on_device else out
 
 
 RECIPES = {
