@@ -90,8 +90,8 @@ batched() {
       tests/model/test_draw_memo.py 2>&1 | tail -30
 }
 f8tests() {
-  header "tests/numerics/test_native_float8.py (one line per failure)"
-  timeout -k 10 ${LIMIT[f8tests]} $PY "${PYTEST[@]}" tests/numerics/test_native_float8.py 2>&1 | tail -30
+  header "tests/numerics/test_native_float8.py and test_scaling_device.py (one line per failure)"
+  timeout -k 10 ${LIMIT[f8tests]} $PY "${PYTEST[@]}" tests/numerics/test_native_float8.py tests/numerics/test_scaling_device.py 2>&1 | tail -30
 }
 zoo() {
   header "validate tests/zoo --device cuda, float32 and bfloat16 ($ZOO_JOBS at once, ${ZOO_TIMEOUT} s a target)"
