@@ -13,7 +13,9 @@
 # with a run step, a metrics row and a commit timed apart, on the host's gradient stream at 8192 x 128 and 32768 x 512
 # and on the counter stream drawn on the GPU at those and 49152 x 576; each exact map's distance from the manifold on
 # CUDA against the CPU; the counter-based normals and the float64 factorisations on CUDA; a whole 500-step run at
-# 32768 x 512 timed as a user starts it; the deferred checks' tests run in `tests`). Each section has its own time limit (LIMIT below), so one that hangs
+# 32768 x 512 timed as a user starts it; the deferred checks' tests run in `tests`), grid (`pitcheck bench --grid
+# --device cuda`: the default compare grid's torch cells on the GPU one after another, beside the CPU pool's
+# wall for the same cells, and which finishes first). Each section has its own time limit (LIMIT below), so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
 # treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
 # own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
@@ -28,7 +30,7 @@ header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
 # each section's time limit in seconds (validate: two runs of half each); a lent machine's call is cut at
 # CALL_LIMIT, so the sections named in one call should sum below it
 declare -A LIMIT=([tests]=180 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
-                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300)
+                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300 [grid]=200)
 CALL_LIMIT=${CALL_LIMIT:-600}
 # zoo: validations at once (each its own process and CUDA context) and each one's own limit
 ZOO_JOBS=${ZOO_JOBS:-8}
@@ -121,13 +123,18 @@ runloop() {
   echo "whole run rc ${PIPESTATUS[0]} wall $(echo "$(date +%s.%N) - $t0" | bc) s (500 steps; records and commits included)"
   tail -2 /tmp/runloop-whole/metrics.csv 2>/dev/null | cut -c1-120
 }
+grid() {
+  header "the default grid's torch cells on CUDA against the CPU pool (bench --grid --device cuda)"
+  timeout -k 10 ${LIMIT[grid]} $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --no-peers --no-steps \
+      --retractions qr --rounds 2 --grid --json "$OUT/bench_grid_cuda.json" 2>&1 | tail -20
+}
 
 SECTIONS=("$@")
 [ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(tests float8 runs bench step validate nccl compare f8tests batched zoo)
 TOTAL=0
 for name in "${SECTIONS[@]}"; do
   case $name in
-    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo|runloop) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
+    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo|runloop|grid) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
     *) echo "unknown section $name" >&2; exit 2 ;;
   esac
 done

@@ -47,7 +47,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the stream the steps and the whole run step draw from (pitcheck run --gradient-stream)")
     p.add_argument("--grid", action="store_true", help="also cost the default compare grid: its cells per second "
                                                        "(each cost class built and timed as a run, and each of compare's batches as one stack; "
-                                                       "about two minutes)")
+                                                       "about two minutes); with --device cuda also its torch cells on the GPU, "
+                                                       "one after another, against the CPU pool")
     return p
 
 

@@ -42,3 +42,16 @@ def test_gpu_check_runloop_section_fits_its_limit():
     limits = [int(n) for n in re.findall(r"timeout -k 10 (\d+) ", body)]
     assert len(limits) == 5 and sum(limits) <= 300  # one call of at most 5 minutes
     assert "--gradient-stream counter" in body and "--device cuda" in body and "device_accuracy.py" in body and "test_counter_normal.py" in body
+
+
+def test_gpu_check_grid_section_costs_the_grid_on_cuda_within_its_limit():
+    """The grid section is planned on the dry path with its limit, and asks bench for the grid on CUDA."""
+    import os
+    import re
+    import subprocess
+
+    dry = subprocess.run(["bash", "scripts/gpu_check.sh", "grid"], cwd=ROOT, env={**os.environ, "DRY": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "grid 200 s" in dry.stdout, dry.stdout + dry.stderr
+    body = re.search(r"^grid\(\) \{\n(.*?)^\}", (ROOT / "scripts/gpu_check.sh").read_text(), re.S | re.M).group(1)
+    assert "--grid" in body and "--device cuda" in body and "${LIMIT[grid]}" in body

@@ -363,9 +363,39 @@ def test_auto_is_the_cpu_without_a_gpu_and_the_grid_stays_on_the_cpu(monkeypatch
     assert benchmark.bench_device("auto", grid=True) == "cpu" and benchmark.bench_device("cpu", grid=False) == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert benchmark.bench_device("auto", grid=False) == "cuda"
-    with pytest.raises(PitcheckError, match="--grid costs compare's cells on this machine's CPU pool"):
-        benchmark.bench_device("cuda", grid=True)
+    assert benchmark.bench_device("auto", grid=False) == "cuda" and benchmark.bench_device("cuda", grid=True) == "cuda"
+
+
+def test_grid_rate_on_a_device_times_each_torch_class_there_beside_its_cpu_cost(tmp_path, monkeypatch):
+    """The torch classes are built again on the device (the CPU here stands in for a GPU: the same code path
+    but the clock); the numpy classes are not; totals are cells x seconds, and `faster` compares one device
+    running them one after another with the CPU pool's wall."""
+    from pitcheck.verbs.bench import runcost
+
+    from pitcheck.verbs import compare as sweep
+    from pitcheck.verbs.compare.grid import configs
+
+    path = tmp_path / "grid.toml"
+    path.write_text('steps = 30\nrecords_per_decade = 5\n[axes]\nretraction = ["qr"]\nprecision = ["fp32", "fp64"]\n'
+                    'shape = ["32x4"]\nseed = [0, 1, 2]\n')
+    grid = sweep.load_grid(str(path))
+    classes = runcost.cost_classes(c for _, c in configs(grid))
+    assert sorted(k[0] for k in classes) == ["numpy", "torch"]
+    rows = [{"seconds_per_cell": 2.0}, {"seconds_per_cell": 2.0}]
+    built, closed = [], []
+    watch_builds(monkeypatch, runcost.RunTimer, built, closed)
+    d = benchmark.device_grid_rate(grid, classes, rows, "cpu", rounds=1)
+    assert [c.backend for c in built] == ["torch"] and all(c.device == "cpu" for c in built) and len(closed) == 1
+    assert d["cells"] == 3 and d["cpu_cell_seconds"] == 6.0 and len(d["classes"]) == 1
+    assert math.isclose(d["device_cell_seconds"], 3 * d["classes"][0]["device_seconds_per_cell"], rel_tol=1e-2)
+    assert benchmark.faster_placement("cuda", 2.9, 6.0, 2) == "cuda" and benchmark.faster_placement("cuda", 3.0, 6.0, 2) == "cpu"
+    assert benchmark.faster_placement("cuda", 0.0, 6.0, 2) == "cpu"  # no cells timed there: nothing to move
+    slow = dict(d, device="cuda", device_cell_seconds=1e9)
+    doc = {"machine": {"processor": "x", "cpus": 2, "torch": "t", "numpy": "n", "clock": "c"}, "mode": "quick",
+           "rounds": 1, "results": [], "grid": {"cells": 6, "steps": 30, "cost_classes": 2, "cell_seconds": 12.0,
+                                                 "cells_per_second": 0.5, "wall_estimate_s": 6.0, "cores": 2,
+                                                 "on_device": slow}}
+    assert "Its 3 torch cells on cuda, one after another" in benchmark.report(doc)
 
 
 def test_a_gpu_clock_is_wall_time_between_synchronisations(monkeypatch):

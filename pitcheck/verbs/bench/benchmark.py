@@ -13,7 +13,7 @@ import platform
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -258,11 +258,12 @@ def significant(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def grid_rate(rounds: int = 3, echo=None, grid=None, batch: int = 1) -> dict:
+def grid_rate(rounds: int = 3, echo=None, grid=None, batch: int = 1, device: str = "cpu") -> dict:
     """The default compare grid's cells per second of one core: each cost class (a cell less its seed)
     built as a run, its whole step and its record timed (CPU time, minimum of `rounds`), the grid's cells
     costed at their steps and records. A pool of n workers on n free cores does about n times this.
-    grid: a loaded sweep Grid (None: the default grid). batch > 1: also as compare batches it ("batched")."""
+    grid: a loaded sweep Grid (None: the default grid). batch > 1: also as compare batches it ("batched").
+    device (a GPU's): also the torch cells on that device ("on_device", device_grid_rate)."""
     from ..compare import load_grid
     from ..compare.grid import configs
 
@@ -293,7 +294,53 @@ def grid_rate(rounds: int = 3, echo=None, grid=None, batch: int = 1) -> dict:
            "wall_estimate_s": significant(total / cores), "classes": rows}
     if batch > 1:
         out["batched"] = batched_grid_rate(grid, classes, rows, batch, rounds, echo)
+    if device != "cpu":
+        out["on_device"] = device_grid_rate(grid, classes, rows, device, rounds, echo)
     return out
+
+
+def device_grid_rate(grid, classes: dict, class_rows: list[dict], device: str, rounds: int, echo=None) -> dict:
+    """The grid's torch cells on one `device`: each torch cost class built as a run there, its whole step and
+    record timed (on the device's clock, minimum of `rounds`), beside the same class's CPU cost from grid_rate
+    (class_rows) in this process. The cells run one after another on the one device, where compare's CPU pool
+    runs one per core; the numpy cells stay on the CPU. `faster` says which placement finishes the torch cells
+    first: one device, or the pool's cores."""
+    cpu_seconds = dict(zip(classes, (r["seconds_per_cell"] for r in class_rows)))
+    clock = device_clock(device)
+    device_total = cpu_total = 0.0
+    cells, rows = 0, []
+    for key, configs_of_class in classes.items():
+        first = configs_of_class[0]
+        if first.backend != "torch":
+            continue
+        timer = RunTimer.build(replace(first, device=device))
+        try:
+            step = Case("run", "run", timer.step, first.vocab, first.dim)
+            record = Case("record", "record", timer.record, first.vocab, first.dim)
+            time_interleaved([step, record], rounds, clock=clock)
+        finally:
+            timer.close()
+        seconds = cell_seconds(min(step.times) * 1e3, min(record.times) * 1e3, grid.steps, grid.records_per_decade)
+        n = len(configs_of_class)
+        cells += n
+        device_total += n * seconds
+        cpu_total += n * cpu_seconds[key]
+        rows.append({"precision": first.precision, "retraction": first.retraction, "adversary": first.adversary,
+                     "vocab": first.vocab, "dim": first.dim, "cells": n, "device_seconds_per_cell": significant(seconds),
+                     "cpu_seconds_per_cell": cpu_seconds[key]})
+        if echo:
+            echo(f"grid on {device}: {first.precision} {first.retraction} {first.adversary}: {seconds:.2f} s a cell "
+                 f"(CPU {cpu_seconds[key]:.2f} s)")
+    cores = available_cores()
+    return {"device": device, "cells": cells, "device_cell_seconds": significant(device_total),
+            "cpu_cell_seconds": significant(cpu_total), "cores": cores, "cpu_pool_wall_s": significant(cpu_total / cores),
+            "faster": faster_placement(device, device_total, cpu_total, cores), "classes": rows}
+
+
+def faster_placement(device: str, device_seconds: float, cpu_seconds: float, cores: int) -> str:
+    """Where a set of cells finishes first: on one `device`, one after another (device_seconds in all), or on a
+    pool of `cores` CPU workers (cpu_seconds of one core's time in all); the CPU on a tie or with no cells."""
+    return device if 0 < device_seconds < cpu_seconds / cores else "cpu"
 
 
 def batched_grid_rate(grid, classes: dict, class_rows: list[dict], batch: int, rounds: int, echo=None) -> dict:
@@ -402,8 +449,8 @@ def bench_arguments(shapes, retractions, rounds, json_path, out) -> None:
 
 def bench_device(device: str, grid: bool) -> str:
     """The device bench times on: cpu, cuda or cuda:N as given, auto as CUDA where torch sees one; a one-line
-    refusal for another name, a CUDA device this machine lacks, or --grid beside a GPU (the grid's cost is
-    compare's CPU pool)."""
+    refusal for another name or a CUDA device this machine lacks. --grid beside a GPU costs the grid's torch
+    cells on it too (device_grid_rate)."""
     check_argument("bench: device", device, (str,), "cpu, cuda, cuda:N or auto")
     check_device(device, "torch")
     if device == "auto":
@@ -411,8 +458,6 @@ def bench_device(device: str, grid: bool) -> str:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     check_device_present(device)
-    if grid and device.startswith("cuda"):
-        raise PitcheckError(f"--grid costs compare's cells on this machine's CPU pool: give it without --device {device}")
     return device
 
 
@@ -512,7 +557,7 @@ def run_bench(shapes=None, quick: bool = False, rounds: int | None = None, retra
         from ..compare import DEFAULT_BATCH
 
         doc["grid"] = grid_rate(echo=(lambda line: print(line, file=sys.stderr, flush=True)) if echo else None,
-                                batch=DEFAULT_BATCH)
+                                batch=DEFAULT_BATCH, device=device)
     return doc
 
 
@@ -634,6 +679,11 @@ def report(doc: dict) -> str:
                     f"{b['batches']} batches, each stack's step and record timed as one; {b['cell_seconds']:.4g} s of "
                     f"cell time, {b['cells_per_second']:.3g} cells per second of one core; about "
                     f"{b['wall_estimate_s']:.4g} s of wall on {g['cores']} cores.", ""]
+        if g.get("on_device"):
+            d = g["on_device"]
+            out += [f"Its {d['cells']} torch cells on {d['device']}, one after another: {d['device_cell_seconds']:.4g} s, "
+                    f"against {d['cpu_cell_seconds']:.4g} s of one core's time, {d['cpu_pool_wall_s']:.4g} s of wall on "
+                    f"{d['cores']} cores, every cell alone: faster on {d['faster']}.", ""]
     if doc.get("targets"):
         out += ["Targets:", "", "| target | V x D | measured | reached |", "|---|---|---|---|"]
         for t in doc["targets"]:
