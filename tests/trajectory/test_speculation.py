@@ -104,6 +104,10 @@ CASES = {
     # cholqr2 on the same stream: its Cholesky factorisations are deferred checks too
     "cholqr2 with events": ({5: "nan", 64: "inf"}, {"retraction": "cholqr2"}, None, 2),
     "polar-gram with events": ({5: "nan", 64: "inf"}, {"retraction": "polar-gram"}, None, 2),
+    # placements cast on the device: a delayed recipe's amax histories go back with the state, stochastic
+    # rounding redraws its seeded noise on a retake
+    "delayed fp8 moments with events": ({5: "nan", 64: "inf"}, {"precision": "fp8-adam-delayed"}, None, 2),
+    "nvfp4 stochastic gradients with events": ({5: "nan", 64: "inf"}, {"precision": "nvfp4-grad-sr"}, None, 2),
     # L's diagonal driven through zero: the run ends in a breakdown at that step, its last good state kept
     "breakdown": ({55: ("L", 1e9)}, {"optimizer": "sgd", "lr": 1.0}, "broke down at step 56", 1),
 }
