@@ -171,15 +171,18 @@ class PitHead:
 
         When some metric is undefined (the computed embedding overflowed, say), the others are still
         measured; the undefined ones are NaN and the row's 'unmeasured' says why. A torch backend's model is
-        measured where it lives (pitcheck.numerics.device_metrics: D x D matrices and scalars reach the host);
-        an FP8 logits head, which the placement emulates in numpy, and a state some metric is undefined for
-        are measured on the host.
+        measured where it lives (pitcheck.numerics.device_metrics: D x D matrices and scalars reach the host),
+        an FP8 logits head too (its cast of Z on the device); a state some metric is undefined for is measured
+        on the host.
         """
         u, factor_u = self.policy.u, FORMATS[self.policy.factor].u
         placed = self.policy.placement
-        if self.arrays.name == "torch" and not (placed and placed.logits):
+        if self.arrays.name == "torch":
             try:
-                return device_metrics.interface_metrics(self.Z, self.L, self._embedded(), u, factor_u)
+                # the FP8 logits GEMM's head, when the policy puts one there (pitcheck.numerics.placement)
+                B = (device_metrics.memory_refused(self.quantisers.logits_head)(self.Z, self.arrays.numpy(self.L))
+                     if placed and placed.logits else None)
+                return device_metrics.interface_metrics(self.Z, self.L, self._embedded(), u, factor_u, B=B)
             except PitcheckError:
                 pass  # the host form measures each part it can and says why the others are NaN
         Z, L = self.stored()

@@ -88,7 +88,7 @@ class TorchWork:
         return self.host(exact), self.host(resid), FLOAT64_BITS
 
 
-def _memory_refused(measure):
+def memory_refused(measure):
     """A device out of memory for the float64 copies (seven V x D buffers: 1.6 GB at 49152 x 576) is a
     PitcheckError, after which the host form measures from host copies."""
     @functools.wraps(measure)
@@ -129,7 +129,7 @@ def _all_finite(named: dict) -> None:
             raise PitcheckError(f"{name} has non-finite entries (NaN or inf): its metrics are undefined")
 
 
-@_memory_refused
+@memory_refused
 def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None) -> dict:
     """metrics.interface_metrics of torch tensors Z, E (and B; default Z T) on their device, L anywhere."""
     Z = _float64(Z, "Z")
@@ -146,7 +146,7 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     return metrics.checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows, work)
 
 
-@_memory_refused
+@memory_refused
 def head_metrics(E, B) -> dict:
     """metrics.head_metrics of torch tensors on their device."""
     E = _float64(E, "E")
@@ -157,7 +157,7 @@ def head_metrics(E, B) -> dict:
     return metrics.checked_head_metrics(E, B, TorchWork(E))
 
 
-@_memory_refused
+@memory_refused
 def orthonormality(Z, u: float) -> dict:
     """metrics.orthonormality_loss and orthonormality_ratio of a torch tensor, from one Gram on its device."""
     Z = _float64(Z, "Z")

@@ -152,15 +152,22 @@ def through(x, recipe: str, native: bool | None = None):
     return fake_quant(x, get_recipe(recipe), axis=-1)
 
 
-def quantised_head(Z: np.ndarray, L: np.ndarray, placement: Placement, operands: tuple | None = None) -> np.ndarray:
-    """B = W^T of the FP8 logits GEMM, float64: q_w(Z) q_a(T)^T with T = L L^T (see the module doc).
+def quantised_head(Z, L: np.ndarray, placement: Placement, operands: tuple | None = None):
+    """B = W^T of the FP8 logits GEMM, float64: q_w(Z) q_a(T)^T with T = L L^T (see the module doc), where Z
+    lives: a torch Z's q_w(Z) and the product are formed on its device, T (D x D) and q_a(T) on the host.
     operands: the (activation, weight) Recipe instances to cast with (a run's, with their state); by default
     fresh ones of the placement's recipes."""
     if operands is None:
         operands = tuple(get_recipe(name, **placement.options) for name in placement.logits)
     activation, weight = operands
     T = L @ L.T
-    return fake_quant(Z, weight, axis=-1) @ fake_quant(T, activation, axis=-1).T
+    q_T = fake_quant(T, activation, axis=-1)
+    q_Z = fake_quant(Z, weight, axis=-1)
+    if type(q_Z).__module__.startswith("torch"):
+        import torch
+
+        return q_Z @ torch.from_numpy(q_T).to(q_Z.device).T
+    return q_Z @ q_T.T
 
 
 def z_format(storage: str, placement: Placement | None) -> tuple[str, float]:

@@ -220,3 +220,30 @@ def test_a_torch_model_is_measured_without_reading_a_table_to_the_host(monkeypat
     assert "penrose" in keys and "orthonormality" in keys
     _agree(row, host, keys, D, model.policy.u, V)
     assert distances[0] > 0 and np.isfinite(distances[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp8-logits", "fp8-logits-block", "mxfp8-logits", "fp8-logits-delayed"])
+def test_an_fp8_logits_head_is_measured_on_the_device_as_the_host_measures_it(monkeypatch, precision, device):
+    """The FP8 logits GEMM's head W^T = q_w(Z) q_a(T)^T: its cast of Z and the product on the device, T's cast on the
+    host (D x D); the row is the host form's, and no table is read. A delayed recipe's scales are the run's after
+    a few steps (its history read from a copy: the record leaves the run's histories as they were)."""
+    V, D = 1024, 32
+    Z0, L0, _ = _state(V, D, "fp64", noise=0.0)
+    eng = Engine("torch", get_policy(precision), StepSettings("qr", "adam", 1e-3), device=device)
+    eng.initialise(Z0.numpy(), L0.numpy())
+    for step in range(3):
+        eng.step(eng.gradients(["gaussian"], 0, step, None), step)
+    history = eng.quantisers.snapshot()
+    reads = _HostReads(monkeypatch)
+    row = eng.interface()
+    assert 0 < reads.largest() <= 256 * D
+    monkeypatch.undo()
+    assert eng.quantisers.snapshot() == history
+    Z, L = eng.stored()
+    host = metrics.interface_metrics(Z, L, eng.embed_all(), eng.policy.u, FORMATS[eng.policy.factor].u,
+                                     B=eng.quantisers.logits_head(Z, L))
+    keys = [k for k in NUMERIC if np.isfinite(host[k])]
+    assert {"pinv_drift", "penrose", "orthonormality"} <= set(keys)
+    assert host["pinv_drift"] > 1e-3  # the FP8 head, not T: W E - I is the format's, far above fp32's
+    _agree(row, host, keys, D, eng.policy.u, V)
