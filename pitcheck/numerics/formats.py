@@ -134,8 +134,9 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None, saturate: bo
     """Round every entry of x to the nearest value of `fmt` (ties to even), returned in x's dtype.
 
     mode="stochastic" rounds up with probability equal to the fractional distance (unbiased);
-    it needs `rng`: a numpy Generator, or for torch input a torch Generator or a numpy one (whose draws,
-    made on the host, are copied to the tensor's device: the same noise, and so the same bits, as numpy's).
+    it needs `rng`: a numpy Generator (or RandomState), or for torch input a torch Generator or a numpy one
+    (whose float64 draws, made on the host, are copied to the tensor's device: the same noise, and so the same
+    bits, as numpy's; the sum is then float64, as numpy's is).
     Overflow gives +-inf, or NaN for formats without infinities (as ml_dtypes does: OFP8's
     non-saturating mode); saturate=True (OFP8's saturating mode) gives the signed largest finite
     value instead, for infinities too, and a format with no NaN (E2M1) always saturates. NaN stays NaN
@@ -150,8 +151,8 @@ def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None, saturate: bo
         import torch as xp
 
         def uniform(s):
-            if isinstance(rng, np.random.Generator):
-                return xp.from_numpy(rng.random(s.shape)).to(device=s.device, dtype=s.dtype)
+            if not isinstance(rng, xp.Generator):  # numpy's: its float64 draws, added in float64 as numpy adds them
+                return xp.from_numpy(rng.random(s.shape)).to(device=s.device)
             return xp.rand(s.shape, generator=rng, dtype=s.dtype, device=s.device)
 
         rint = xp.round  # half to even

@@ -101,7 +101,7 @@ def quantise(x, recipe: str | Recipe):
         # TE's encode scale fp32(fmax / amax) and its scale_inv fp32(1 / scale), both where x is
         encode = _tensor_encode_scale(recipe, x)
         values = cast(x * encode.to(torch.float32), recipe.element)  # encode is an fp32 value: exact
-        scales = (1.0 / encode).to(torch.float32).reshape(1, 1)
+        scales = (encode.new_full((), 1.0) / encode).to(torch.float32).reshape(1, 1)  # one division
         return values, scales, K, False
     # block scales by the emulation's rule from the same amaxes, computed where x is (its values are dropped)
     emulated = recipe._quantise(x.detach().double(), -1, "nearest", None)

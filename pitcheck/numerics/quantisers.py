@@ -80,8 +80,8 @@ class Quantisers:
         if isinstance(activation, TensorDelayed):
             T = L @ L.T
             activation.observe(float(np.max(np.abs(T), initial=0.0)))
-        if isinstance(weight, TensorDelayed):
-            weight.observe(float(abs(Z).max()))  # numpy's or torch's: the same float (NaN included)
+        if isinstance(weight, TensorDelayed):  # a torch Z's amax stays where Z is (a 0-d tensor: nothing read)
+            weight.observe(abs(Z).amax() if type(Z).__module__.startswith("torch") else float(abs(Z).max()))
 
     def logits_head(self, Z: np.ndarray, L: np.ndarray) -> np.ndarray:
         """B = W^T of the FP8 logits GEMM at the current scales, measured on copies of the recipes."""
@@ -111,7 +111,8 @@ class Quantisers:
         return {role: r for role, r in self.recipes.items() if isinstance(r, TensorDelayed)}
 
     def snapshot(self) -> dict:
-        """The histories and scales, copied (a cast replaces a history list, but a snapshot must not alias)."""
+        """The histories and scales, copied (a cast replaces a history list, but a snapshot must not alias; a
+        device's entries are 0-d tensors, which nothing changes in place)."""
         return {role: (r.scale, list(r.history)) for role, r in self.stateful().items()}
 
     def restore(self, snap: dict) -> None:
@@ -124,8 +125,8 @@ class Quantisers:
         d = {}
         for role, r in self.stateful().items():
             history = np.zeros(r.history_len)
-            history[: len(r.history)] = r.history
-            d[f"{role}_scale"] = np.float64(r.scale)
+            history[: len(r.history)] = [float(a) for a in r.history]  # a device's entries read here, at a commit
+            d[f"{role}_scale"] = np.float64(float(r.scale))
             d[f"{role}_history"] = history
             d[f"{role}_filled"] = np.int64(len(r.history))
         return d

@@ -130,6 +130,16 @@ def _to_numpy(x) -> np.ndarray:
     return a.astype(np.float64)
 
 
+def _divide(a, b):
+    """a / b, one IEEE division, where either is a tensor: torch divides a CUDA tensor by a Python float as a
+    times 1/b, and a Python float by a tensor as 1/b times a (two roundings each), so a float operand is made a
+    0-d tensor first (a fill, no copy from the host)."""
+    if _is_torch(a) or _is_torch(b):
+        like = a if _is_torch(a) else b
+        a, b = (x if _is_torch(x) else like.new_full((), x) for x in (a, b))
+    return a / b
+
+
 def _namespace(a):
     """numpy, or torch for a tensor."""
     if _is_torch(a):
@@ -160,7 +170,9 @@ class Recipe:
     def fake_quant(self, x, axis: int = -1, rounding: str = "nearest", rng=None):
         """x through the recipe and back, float64 in x's kind. A tensor is quantised where it lives, to the
         same bits as the host's numpy (a stochastic rounding's numpy Generator draws on the host, and only
-        its noise is copied to the device)."""
+        its noise is copied to the device). One Generator shared by several casts keeps that only while every
+        tensor is finite: the host skips the draw for a per-tensor or NVFP4 recipe's non-finite tensor (all NaN),
+        the device, which does not branch on the amax, draws it (a run seeds a Generator per tensor)."""
         if _is_torch(x):
             return self._quantise(x.detach().double(), axis, rounding, rng).dequantise()
         return self.quantise(x, axis=axis, rounding=rounding, rng=rng).dequantise()
@@ -176,7 +188,7 @@ def _tensor_scale(amax, fmax: float, margin: float, pow2: bool):
     if _is_torch(amax):
         import torch
 
-        scale = _fp32(fmax / amax / 2.0**margin).clamp(max=FP32_MAX)
+        scale = _fp32(_divide(_divide(fmax, amax), 2.0**margin)).clamp(max=FP32_MAX)
         if pow2:  # 2^floor(log2 scale), exactly: scale = m 2^e with 1/2 <= m < 1 (an underflowed 0 kept)
             scale = torch.where(scale > 0, torch.ldexp(torch.ones_like(scale), torch.frexp(scale)[1] - 1), scale)
         return torch.where(amax == 0, 1.0, scale)
@@ -192,7 +204,7 @@ def _tensor_scale(amax, fmax: float, margin: float, pow2: bool):
 def _tensor_quantised(a, scale, element: str, rounding: str, rng) -> Quantised:
     values = _cast(a * scale, element, rounding, rng)
     if _is_torch(a):  # a Python or a 0-d tensor's scale: TE's scale_inv, kept where a is
-        decode = _fp32(a.new_tensor(1.0) / scale)
+        decode = _fp32(_divide(a.new_full((), 1.0), scale))
         return Quantised(values, decode.reshape((1,) * a.ndim), element, tuple(a.shape))
     # TE's scale_inv, the fp32 reciprocal the GEMM multiplies by; a scale that underflowed fp32 (an amax past
     # fp32's range, which no fp32 tensor has) gives inf, and so NaN values, as on a device
@@ -245,16 +257,42 @@ class TensorDelayed(Recipe):
             raise PitcheckError(f"amax history length must be at least 1, got {self.history_len}")
 
     def _quantise(self, a, axis: int, rounding: str, rng) -> Quantised:
-        out = _tensor_quantised(a, self.scale, self.element, rounding, rng)
-        self.observe(float(_tensor_amax(a)))  # the history is host state: a tensor's amax is read, one scalar
+        # a device's scale is read for a host cast (a measurement's copy of the recipe, say): one scalar
+        scale = self.scale if _is_torch(a) or not _is_torch(self.scale) else float(self.scale)
+        out = _tensor_quantised(a, scale, self.element, rounding, rng)
+        self.observe(_tensor_amax(a))  # a float from an array; a 0-d tensor from a tensor, nothing read
         return out
 
-    def observe(self, amax: float) -> None:
-        """What a cast leaves behind: its tensor's amax enters the history and the scale follows."""
+    def observe(self, amax) -> None:
+        """What a cast leaves behind: its tensor's amax enters the history and the scale follows. An amax that
+        is a 0-d tensor keeps the history and the scale where it lives (the same bits, nothing read)."""
+        if _is_torch(amax):  # a float32 tensor's amax, say: the host's rule computes in float64
+            amax = amax.double()
         self.history = [amax] + self.history[: self.history_len - 1]
+        if any(map(_is_torch, self.history)):
+            self.scale = self._scale_on_device()
+            return
         amax = max(self.history) if self.algo == "max" else self.history[0]
         if amax > 0 and math.isfinite(amax):  # else TE keeps the previous scale
             self.scale = _tensor_scale(amax, FORMATS[self.element].max, self.margin, False)
+
+    def _scale_on_device(self):
+        """observe's rule on the device. Python's max over the history, which the host form takes, is NaN when the
+        newest amax is NaN and passes over an older NaN (no float is greater than NaN, nor NaN than any)."""
+        import torch
+
+        like = next(a for a in self.history if _is_torch(a))
+        # floats from a restored checkpoint, until the window has moved past them
+        h = torch.stack([a if _is_torch(a) else like.new_full((), a) for a in self.history])
+        newest = h[0]
+        if self.algo == "max":
+            amax = torch.where(newest.isnan(), newest, torch.where(h.isnan(), -math.inf, h).amax())
+        else:
+            amax = newest
+        previous = self.scale if _is_torch(self.scale) else like.new_full((), self.scale)
+        kept = (amax > 0) & amax.isfinite()
+        new = _tensor_scale(torch.where(kept, amax, 1.0), FORMATS[self.element].max, self.margin, False)
+        return torch.where(kept, new, previous)
 
 
 def _nan_quantised(a: np.ndarray, element: str) -> Quantised:
@@ -283,7 +321,7 @@ class BlockFP32(Recipe):
     def _quantise(self, a, axis: int, rounding: str, rng) -> Quantised:
         block = _block_shape(a.shape, self.block, axis)
         amax = _block_amax(a, block)
-        scales = _fp32(amax / FORMATS[self.element].max)
+        scales = _fp32(_divide(amax, FORMATS[self.element].max))
         scales = _where(amax > 0, scales, 1.0)
         scales = _where(amax.isfinite() if _is_torch(amax) else np.isfinite(amax), scales, float("nan"))
         values = _cast(a / _expand(scales, block, a.shape), self.element, rounding, rng)
@@ -341,13 +379,13 @@ class NVFP4(Recipe):
         tensor_amax = _tensor_amax(a)
         on_device = _is_torch(a)
         if on_device:  # g as a 0-d tensor (nothing read); a non-finite amax's NaNs selected at the end
-            g = _where(tensor_amax > 0, _fp32(tensor_amax / (fmt.max * scale_fmt.max)), 1.0)
+            g = _where(tensor_amax > 0, _fp32(_divide(tensor_amax, fmt.max * scale_fmt.max)), 1.0)
         elif not math.isfinite(tensor_amax):
             return _nan_quantised(a, self.element)
         else:
             g = float(_fp32(tensor_amax / (fmt.max * scale_fmt.max))) if tensor_amax > 0 else 1.0
         amax = _block_amax(a, block)
-        scales = round_to(amax / (fmt.max * g), scale_fmt, saturate=True)
+        scales = round_to(_divide(amax, fmt.max * g), scale_fmt, saturate=True)
         divisor = _expand(scales, block, a.shape) * g
         with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale: its block is set to 0 below
             values = _cast(a / divisor, self.element, rounding, rng)
@@ -387,6 +425,9 @@ def get_recipe(name: str, **options) -> Recipe:
         raise PitcheckError(f"element format {recipe.element!r} is not one of {', '.join(ELEMENT_FORMATS)}")
     if isinstance(recipe, TensorDelayed):
         recipe.__post_init__()
+    epsilon = getattr(recipe, "amax_epsilon", 0.0)
+    if not (isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool) and 0 <= epsilon < math.inf):
+        raise PitcheckError(f"amax_epsilon must be a finite number >= 0, got {epsilon!r}")
     if isinstance(recipe, MX) and recipe.scale_rounding not in ("floor", "ceil"):
         raise PitcheckError(f"unknown MX scale rounding {recipe.scale_rounding!r}; choose floor or ceil")
     return recipe

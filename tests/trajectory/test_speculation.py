@@ -249,6 +249,23 @@ def test_deferred_steps_read_nothing_from_the_device_and_a_settle_reads_once_per
     assert spec.retakes == 0 and all(not c.kept for c in spec.checks)
 
 
+@pytest.mark.parametrize("precision", ["fp8-adam", "fp8-adam-delayed", "nvfp4-grad", "nvfp4-grad-sr", "fp8-store",
+                                       "nvfp4-store", "fp8-gathered-z"])
+def test_a_placements_deferred_steps_read_nothing_either(precision, monkeypatch):
+    """The placements' casts run on the device: gradients, moments (a delayed recipe's history and scale
+    included) and the copies of Z and L; a stochastic rounding's noise goes to the device, not back."""
+    torch_shadow(monkeypatch)
+    pair = Lockstep(replace(BASE, precision=precision))
+    spec = Speculation(pair)
+    reads = HostReads()
+    with reads:
+        for s in range(6):
+            assert spec.takes(s)
+            grads, shadow_grads = pair.gradients(["gaussian"], s, None)
+            assert spec.step(grads, shadow_grads, s) == s + 1
+    assert reads.reads == []
+
+
 def test_a_failed_deferred_check_takes_the_run_back_to_its_settled_state(monkeypatch):
     pair = Lockstep(replace(BASE, shadow=False))
     spec = Speculation(pair)
