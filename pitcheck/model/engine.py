@@ -184,10 +184,10 @@ class Engine:
             return self._step(grads, step_index)
 
     def _step(self, grads: dict, step_index: int) -> list[dict]:
-        # the step's forward pass: its FP8 logits GEMM moves the delayed recipes' histories (Z read where it is
-        # stored); a stateless recipe's casts leave nothing, so such a placement reads nothing here
+        # the step's forward pass: its FP8 logits GEMM moves the delayed recipes' histories (Z and L kept where
+        # they are stored); a stateless recipe's casts leave nothing, so such a placement reads nothing here
         if self.model.has_retraction and self.quantisers.logits_stateful:
-            self.quantisers.forward_logits(self.model.Z, self.arrays.numpy(self.model.L))
+            self.quantisers.forward_logits(self.model.Z, self.model.L)
         admitted, events = self._admit(grads)
         if admitted is None:
             return events

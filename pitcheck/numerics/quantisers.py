@@ -36,6 +36,9 @@ from .placement import Placement, quantised_head
 from .scaling import TensorDelayed, get_recipe
 
 LOGITS_ROLES = ("logits_activation", "logits_weight")
+# a torch model's forwards whose activation amax (of T = L L^T, formed on the host as the emulation forms it) is
+# still to be observed: their L's wait on the device and are read together, at most this many steps apart
+PENDING_FORWARDS = 32
 
 
 def stochastic_rng(seed: int, step: int, index: int) -> np.random.Generator:
@@ -49,6 +52,7 @@ class Quantisers:
     def __init__(self, placement: Placement | None, seed: int = 0):
         self.placement, self.seed = placement, seed
         self.recipes = {}
+        self.pending = []  # the stored L of each forward not yet observed by a delayed activation recipe
         if placement is None:
             return
         for role, name in (("z_copy", placement.z_copy), ("l_copy", placement.l_copy)):
@@ -73,18 +77,41 @@ class Quantisers:
         """Whether a logits operand's recipe has a history, which a step's forward logits GEMM moves."""
         return any(isinstance(self.recipes.get(role), TensorDelayed) for role in LOGITS_ROLES)
 
-    def forward_logits(self, Z, L: np.ndarray) -> None:
-        """The step's forward logits GEMM on the stored Z (where it lives) and L: of each operand's cast only a
-        delayed recipe's history keeps anything, the operand's amax, so nothing else is cast."""
+    def forward_logits(self, Z, L) -> None:
+        """The step's forward logits GEMM on the stored Z and L (where they live): of each operand's cast only a
+        delayed recipe's history keeps anything, the operand's amax, so nothing else is cast. A torch Z's amax
+        stays where Z is (a 0-d tensor); a torch L waits there too, pending, until a record, a checkpoint or
+        PENDING_FORWARDS steps read the pending L's in one transfer and observe their T's in step order."""
         activation, weight = (self.recipes.get(role) for role in LOGITS_ROLES)
+        on_device = type(L).__module__.startswith("torch")
         if isinstance(activation, TensorDelayed):
-            T = L @ L.T
-            activation.observe(float(np.max(np.abs(T), initial=0.0)))
-        if isinstance(weight, TensorDelayed):  # a torch Z's amax stays where Z is (a 0-d tensor: nothing read)
-            weight.observe(abs(Z).amax() if type(Z).__module__.startswith("torch") else float(abs(Z).max()))
+            if on_device:
+                self.pending.append(L.detach())  # held, not copied: a step replaces L and never writes into it
+                if len(self.pending) >= PENDING_FORWARDS:
+                    self._observe_pending()
+            else:
+                self._observe_activation(np.asarray(L, dtype=np.float64))
+        if isinstance(weight, TensorDelayed):
+            weight.observe(abs(Z).amax() if on_device else float(abs(Z).max()))
+
+    def _observe_activation(self, L: np.ndarray) -> None:
+        T = L @ L.T
+        self.recipes["logits_activation"].observe(float(np.max(np.abs(T), initial=0.0)))
+
+    def _observe_pending(self) -> None:
+        """The pending forwards' activation amaxes, oldest first, from one read of their L's."""
+        if not self.pending:
+            return
+        import torch
+
+        host = torch.stack(self.pending).to("cpu", torch.float64).numpy()
+        self.pending = []
+        for L in host:
+            self._observe_activation(L.copy())  # a fresh array, as a single read hands it over
 
     def logits_head(self, Z: np.ndarray, L: np.ndarray) -> np.ndarray:
         """B = W^T of the FP8 logits GEMM at the current scales, measured on copies of the recipes."""
+        self._observe_pending()
         operands = tuple(copy.deepcopy(self.recipes[r]) for r in LOGITS_ROLES)
         return quantised_head(Z, L, self.placement, operands)
 
@@ -111,17 +138,20 @@ class Quantisers:
         return {role: r for role, r in self.recipes.items() if isinstance(r, TensorDelayed)}
 
     def snapshot(self) -> dict:
-        """The histories and scales, copied (a cast replaces a history list, but a snapshot must not alias; a
-        device's entries are 0-d tensors, which nothing changes in place)."""
-        return {role: (r.scale, list(r.history)) for role, r in self.stateful().items()}
+        """The histories and scales, and the pending forwards, copied (a cast replaces a history list, but a
+        snapshot must not alias; a device's entries are tensors, which nothing changes in place)."""
+        return {"recipes": {role: (r.scale, list(r.history)) for role, r in self.stateful().items()},
+                "pending": list(self.pending)}
 
     def restore(self, snap: dict) -> None:
-        for role, (scale, history) in snap.items():
+        for role, (scale, history) in snap["recipes"].items():
             self.recipes[role].scale, self.recipes[role].history = scale, list(history)
+        self.pending = list(snap["pending"])
 
     def state_dict(self) -> dict:
         """Fixed-shape arrays per stateful role (a checkpoint's shapes must not depend on the step): the
         scale, the history padded with zeros to its length, and how many entries are filled."""
+        self._observe_pending()
         d = {}
         for role, r in self.stateful().items():
             history = np.zeros(r.history_len)
@@ -138,3 +168,4 @@ class Quantisers:
                 raise PitcheckError(f"the amax history of {role} has {filled} entries, outside [0, {r.history_len}]")
             r.scale = float(d[f"{role}_scale"])
             r.history = [float(a) for a in d[f"{role}_history"][:filled]]
+        self.pending = []

@@ -106,8 +106,10 @@ def test_the_logits_histories_advance_once_per_step_and_never_when_measured():
     first = engine.interface()
     assert all(len(recipes[r].history) == 0 and recipes[r].scale == 1.0 for r in LOGITS_ROLES)
     _steps(engine, 0, 3)
-    assert [len(recipes[r].history) for r in LOGITS_ROLES] == [3, 3]
+    # Z's amaxes are in; the L's wait where they are stored until something reads them (the checkpoint's state)
+    assert len(recipes["logits_weight"].history) == 3 and len(engine.quantisers.pending) == 3
     state = _state(engine)
+    assert [len(recipes[r].history) for r in LOGITS_ROLES] == [3, 3] and not engine.quantisers.pending
     again = [engine.interface() for _ in range(4)]
     assert _same_state(state, _state(engine))  # measuring changed nothing ...
     assert all(a["pinv_drift"] == again[0]["pinv_drift"] for a in again)  # ... and gives one answer
@@ -153,6 +155,30 @@ def test_the_forward_logits_keeps_of_each_cast_only_what_a_history_keeps(monkeyp
     # and a step of it does not call the forward at all (its L would be one read of the device a step)
     monkeypatch.setattr(Quantisers, "forward_logits", lambda *a: pytest.fail("a forward with nothing to move"))
     _steps(stateless, 0, 1)
+
+
+def test_a_torch_models_forward_L_waits_where_it_is_and_is_observed_in_step_order(monkeypatch):
+    """The activation amax is of T = L L^T formed on the host: a torch model's L's wait on the device and are read
+    in one transfer every PENDING_FORWARDS steps (or by a record or a checkpoint), giving the histories and
+    scales of a host that formed each step's T at once."""
+    import torch
+
+    from pitcheck.numerics.quantisers import PENDING_FORWARDS
+
+    engine = _engine("fp8-logits-delayed")
+    eager = Quantisers(get_placement("logits-delayed"))
+    reads = []
+    numpy = torch.Tensor.numpy
+    monkeypatch.setattr(torch.Tensor, "numpy", lambda t, *a, **k: reads.append(tuple(t.shape)) or numpy(t, *a, **k))
+    steps = PENDING_FORWARDS + 8
+    for step in range(steps):
+        Z, L = (numpy(x.detach().double()) for x in (engine.model.Z, engine.model.L))
+        eager.forward_logits(Z, L)
+        _steps(engine, step, 1)
+    monkeypatch.undo()
+    assert [r for r in reads if len(r) == 3] == [(PENDING_FORWARDS, 32, 32)]  # one read of the waiting L's
+    assert len(engine.quantisers.pending) == steps - PENDING_FORWARDS
+    assert _same_state(eager.state_dict(), engine.quantisers.state_dict())  # the rest observed by the checkpoint
 
 
 def test_snapshot_restore_and_state_dict_carry_the_histories():

@@ -107,6 +107,8 @@ CASES = {
     # placements cast on the device: a delayed recipe's amax histories go back with the state, stochastic
     # rounding redraws its seeded noise on a retake
     "delayed fp8 moments with events": ({5: "nan", 64: "inf"}, {"precision": "fp8-adam-delayed"}, None, 2),
+    # ... and a delayed logits GEMM's L's waiting on the device, read every 32 steps, through the retakes
+    "delayed fp8 logits with events": ({5: "nan", 40: "nan", 64: "inf"}, {"precision": "fp8-logits-delayed"}, None, 3),
     "nvfp4 stochastic gradients with events": ({5: "nan", 64: "inf"}, {"precision": "nvfp4-grad-sr"}, None, 2),
     # L's diagonal driven through zero: the run ends in a breakdown at that step, its last good state kept
     "breakdown": ({55: ("L", 1e9)}, {"optimizer": "sgd", "lr": 1.0}, "broke down at step 56", 1),
@@ -250,10 +252,11 @@ def test_deferred_steps_read_nothing_from_the_device_and_a_settle_reads_once_per
 
 
 @pytest.mark.parametrize("precision", ["fp8-adam", "fp8-adam-delayed", "nvfp4-grad", "nvfp4-grad-sr", "fp8-store",
-                                       "nvfp4-store", "fp8-gathered-z"])
+                                       "nvfp4-store", "fp8-gathered-z", "fp8-logits-delayed"])
 def test_a_placements_deferred_steps_read_nothing_either(precision, monkeypatch):
     """The placements' casts run on the device: gradients, moments (a delayed recipe's history and scale
-    included) and the copies of Z and L; a stochastic rounding's noise goes to the device, not back."""
+    included) and the copies of Z and L; a stochastic rounding's noise goes to the device, not back; a delayed
+    logits GEMM's L's wait there (quantisers.PENDING_FORWARDS steps at most)."""
     torch_shadow(monkeypatch)
     pair = Lockstep(replace(BASE, precision=precision))
     spec = Speculation(pair)
