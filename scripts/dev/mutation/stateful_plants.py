@@ -6,7 +6,7 @@ PLANTS = [
  ("P1 measuring advances the histories (no copy)", "pitcheck/numerics/quantisers.py",
   "operands = tuple(copy.deepcopy(self.recipes[r]) for r in LOGITS_ROLES)", "operands = tuple(self.recipes[r] for r in LOGITS_ROLES)"),
  ("P2 the step's forward logits GEMM not cast", "pitcheck/model/engine.py",
-  "            self.quantisers.forward_logits(*self.model.stored())", "            pass"),
+  "            self.quantisers.forward_logits(self.model.Z, self.model.L)", "            pass"),
  ("P3 one delayed recipe shared by all moments", "pitcheck/numerics/quantisers.py",
   "                self.recipes[key] = get_recipe(self.placement.moments, **self.placement.options)",
   "                self.recipes[key] = self.recipes.get(keys[0]) or get_recipe(self.placement.moments, **self.placement.options)"),
@@ -31,8 +31,7 @@ PLANTS = [
  ("P13 SR from unseeded entropy", "pitcheck/numerics/quantisers.py",
   "    return np.random.default_rng(np.random.SeedSequence([seed, step, index]))", "    return np.random.default_rng()"),
  ("P14 sharded runs accept stateful placements", "pitcheck/trajectory/config.py",
-  '        (bool(policy.placement and (policy.placement.stochastic or "tensor-delayed" in policy.placement.recipes())),',
-  '        (False,'),
+  '        (bool(policy.placement), f"applies no placement', '        (False, f"applies no placement'),
  ("P15 the 16-step window dropped (TE default 1024)", "pitcheck/numerics/placement.py",
   'DELAYED_OPTIONS = (("history_len", 16), ("algo", "max"))', 'DELAYED_OPTIONS = ()'),
 ]
