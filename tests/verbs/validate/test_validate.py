@@ -389,7 +389,9 @@ def test_pytest_plugin_adds_one_item_per_check_with_xfail_reasons(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "pitcheck", "-rA",
            "--pitcheck", "tests.zoo.broken_one_solve:make", "--pitcheck-checks", "contract,penrose,reference",
            "--pitcheck-vocab", "128", "--pitcheck-dim", "8", "--pitcheck-steps", "5",
-           "--pitcheck-xfail", str(xfail), "--junitxml", str(tmp_path / "j.xml")]
+           "--pitcheck-xfail", str(xfail), "--junitxml", str(tmp_path / "j.xml"), __file__]
+    # __file__: what pytest collects beside the plugin's items (deselected by -m pitcheck); without a path
+    # it would import every module of tests/ and stress/ first, most of this test's time
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
@@ -410,8 +412,10 @@ def test_pytest_plugin_refuses_bad_options_as_usage_errors(tmp_path, args, messa
     (tmp_path / "BINARY").write_bytes(b"\xff\xfe\x00penrose")
     (tmp_path / "TYPO").write_text("penrsoe  # typo\n")
     args = [str(tmp_path / a) if a in ("BINARY", "TYPO") else a for a in args]
+    # the plugin refuses after collection: __file__ keeps that to one module, not all of tests/ and stress/
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "pitcheck",
-                           "--pitcheck", "pitcheck.nn:make", *args], capture_output=True, text=True, timeout=120)
+                           "--pitcheck", "pitcheck.nn:make", *args, __file__], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
 

@@ -118,7 +118,8 @@ def test_the_cli_refuses_a_bad_world_size_in_one_line(capsys):
 def test_the_pytest_plugin_takes_a_world_size(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "pitcheck", "-rA",
            "--pitcheck", "tests.sharded_zoo.unsynced_grad:make", "--pitcheck-world-size", "2",
-           "--pitcheck-checks", "replicas", "--pitcheck-vocab", "67", "--pitcheck-dim", "8"]
+           "--pitcheck-checks", "replicas", "--pitcheck-vocab", "67", "--pitcheck-dim", "8",
+           __file__]  # collect this module only (deselected by -m pitcheck), not all of tests/ and stress/
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
