@@ -20,7 +20,7 @@ from pitcheck.infra.errors import PitcheckError  # noqa: E402
 from pitcheck.sources.pretrained.body import load_smollm2  # noqa: E402
 from pitcheck.sources.pretrained.certificate import certify  # noqa: E402
 from pitcheck.sources.pretrained.conversion import convert_table  # noqa: E402
-from pitcheck.verbs.convert.continued import ContinuedConfig, batch, continued, corpus_tokens  # noqa: E402
+from pitcheck.verbs.convert.continued import ContinuedConfig, batch, continued  # noqa: E402
 from pitcheck.sources.pretrained.gguf_tables import SMOLLM2_TABLE, read_gguf_table, smollm2_gguf  # noqa: E402
 
 
@@ -31,6 +31,23 @@ def smollm2():
     pristine = {k: v.clone() for k, v in model.state_dict().items()}
     E0 = read_gguf_table(smollm2_gguf(), SMOLLM2_TABLE)
     return {"model": model, "pristine": pristine, "E0": E0, "conversion": convert_table(E0)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tokens():
+    """The corpus as SmolLM2's tokenizer cuts it, computed once for the module: corpus_tokens() loads the
+    tokenizer and tokenises the whole pydoc text (seconds, the same ids on every call), and each run's
+    Trainer and the scaled mode's calibration call it. Here they get these arrays, read-only, so that no
+    run can change the text another one reads."""
+    from pitcheck.verbs.convert import continued as continued_module, text
+
+    once = text.corpus_tokens()
+    for ids in once:
+        ids.flags.writeable = False
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(text, "corpus_tokens", lambda: once)
+        patch.setattr(continued_module, "corpus_tokens", lambda: once)
+        yield once
 
 
 def fresh(smollm2):
@@ -61,11 +78,11 @@ def test_conversion_certificate_at_full_size(smollm2):
     assert f64["pinv_drift_u"] < 1e5 and f64["orthonormality_u"] < 1e5  # a few thousand u at most
 
 
-def test_batches_depend_on_seed_and_step_alone():
-    tokens = corpus_tokens()[0]
+def test_batches_depend_on_seed_and_step_alone(tokens):
+    train = tokens[0]
     tied, pit = ContinuedConfig(head="tied"), ContinuedConfig(head="pit", retraction="cholqr2")
-    assert torch.equal(batch(tokens, tied, 3), batch(tokens, pit, 3))
-    assert not torch.equal(batch(tokens, tied, 3), batch(tokens, tied, 4))
+    assert torch.equal(batch(train, tied, 3), batch(train, pit, 3))
+    assert not torch.equal(batch(train, tied, 3), batch(train, tied, 4))
 
 
 def test_two_step_smoke_and_resume(smollm2, tmp_path):
