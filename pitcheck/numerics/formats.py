@@ -131,7 +131,8 @@ def _is_torch(x) -> bool:
 
 
 def round_to(x, fmt: Format | str, mode: str = "nearest", rng=None, saturate: bool = False):
-    """Round every entry of x to the nearest value of `fmt` (ties to even), returned in x's dtype.
+    """Round every entry of x to the nearest value of `fmt` (ties to even), returned in x's dtype (float64 under
+    stochastic rounding with a numpy Generator, whose float64 noise the sum takes, as numpy's own sum does).
 
     mode="stochastic" rounds up with probability equal to the fractional distance (unbiased);
     it needs `rng`: a numpy Generator (or RandomState), or for torch input a torch Generator or a numpy one

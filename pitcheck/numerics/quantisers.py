@@ -46,6 +46,17 @@ def stochastic_rng(seed: int, step: int, index: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, step, index]))
 
 
+def _host_values(values: list) -> list[float]:
+    """Floats and 0-d tensors as floats, the tensors read in one transfer."""
+    tensors = [v for v in values if type(v).__module__.startswith("torch")]
+    if not tensors:
+        return [float(v) for v in values]
+    import torch
+
+    read = iter(torch.stack(tensors).tolist())
+    return [next(read) if type(v).__module__.startswith("torch") else float(v) for v in values]
+
+
 class Quantisers:
     """The recipe instances of one model's placement, one per tensor role, and the run's seed."""
 
@@ -155,7 +166,7 @@ class Quantisers:
         d = {}
         for role, r in self.stateful().items():
             history = np.zeros(r.history_len)
-            history[: len(r.history)] = [float(a) for a in r.history]  # a device's entries read here, at a commit
+            history[: len(r.history)] = _host_values(r.history)  # a device's entries read here, at a commit
             d[f"{role}_scale"] = np.float64(float(r.scale))
             d[f"{role}_history"] = history
             d[f"{role}_filled"] = np.int64(len(r.history))

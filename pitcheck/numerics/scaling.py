@@ -29,6 +29,7 @@ Recipes (get_recipe(name) makes a fresh one; the delayed-scaling recipe has stat
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -266,8 +267,8 @@ class TensorDelayed(Recipe):
     def observe(self, amax) -> None:
         """What a cast leaves behind: its tensor's amax enters the history and the scale follows. An amax that
         is a 0-d tensor keeps the history and the scale where it lives (the same bits, nothing read)."""
-        if _is_torch(amax):  # a float32 tensor's amax, say: the host's rule computes in float64
-            amax = amax.double()
+        if _is_torch(amax):  # a float32 tensor's amax, say: the host's rule computes in float64; a copy, so
+            amax = amax.detach().to(dtype=_namespace(amax).float64, copy=True)  # the caller's may change
         self.history = [amax] + self.history[: self.history_len - 1]
         if any(map(_is_torch, self.history)):
             self.scale = self._scale_on_device()
@@ -409,6 +410,11 @@ RECIPES = {
 ELEMENT_FORMATS = ("fp8-e4m3", "fp8-e5m2", "fp4-e2m1")
 
 
+def _real(x) -> bool:
+    """A real number (Python's or numpy's), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
 def get_recipe(name: str, **options) -> Recipe:
     """A fresh recipe by name (fresh state for tensor-delayed); options override its fields
     (element, margin, history_len, algo, ...)."""
@@ -426,8 +432,11 @@ def get_recipe(name: str, **options) -> Recipe:
     if isinstance(recipe, TensorDelayed):
         recipe.__post_init__()
     epsilon = getattr(recipe, "amax_epsilon", 0.0)
-    if not (isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool) and 0 <= epsilon < math.inf):
+    if not (_real(epsilon) and 0 <= epsilon < math.inf):
         raise PitcheckError(f"amax_epsilon must be a finite number >= 0, got {epsilon!r}")
+    margin = getattr(recipe, "margin", 0.0)
+    if not (_real(margin) and -1000 <= margin <= 1000):  # 2^margin a normal float64 either way
+        raise PitcheckError(f"margin must be a number in [-1000, 1000], got {margin!r}")
     if isinstance(recipe, MX) and recipe.scale_rounding not in ("floor", "ceil"):
         raise PitcheckError(f"unknown MX scale rounding {recipe.scale_rounding!r}; choose floor or ceil")
     return recipe

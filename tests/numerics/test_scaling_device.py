@@ -1,7 +1,7 @@
 """The scaling recipes on a tensor run where the tensor lives, with the host's bits: every recipe, both
 roundings, both orientations, edge blocks, zero, subnormal, huge and non-finite entries, against the numpy
-emulation; a delayed recipe's history and scale alike; and nothing but a delayed recipe's amax is read to the
-host. On CPU tensors here, and on CUDA where torch sees one."""
+emulation; a delayed recipe's history and scale alike, kept on the device; and nothing is read to the host.
+On CPU tensors here, and on CUDA where torch sees one."""
 
 import numpy as np
 import pytest
@@ -236,6 +236,16 @@ def test_bad_amax_epsilons_are_refused_and_numpy_generators_of_either_kind_give_
     for bad in (float("nan"), float("inf"), -1.0, True, "1"):
         with pytest.raises(Exception, match="amax_epsilon must be a finite number >= 0"):
             get_recipe("tensor-current", amax_epsilon=bad)
+    for bad in (float("nan"), float("inf"), -1100, 2000.0, None):
+        with pytest.raises(Exception, match=r"margin must be a number in \[-1000, 1000\]"):
+            get_recipe("tensor-delayed", margin=bad)
+    for fine in (np.float32(1e-6), np.int64(0), 0, 1e-12):  # numpy's numbers are numbers
+        assert get_recipe("tensor-current", amax_epsilon=fine).amax_epsilon == fine
+    amax = torch.tensor(2.0, dtype=torch.float64)
+    recipe = get_recipe("tensor-delayed")
+    recipe.observe(amax)
+    amax += 100  # the caller's tensor changed in place: the history kept its own value
+    assert float(recipe.history[0]) == 2.0
     x = np.full(4096, 1.0625, np.float32)
     for make in (np.random.default_rng, np.random.RandomState):
         want = round_to(x, "fp8-e4m3", mode="stochastic", rng=make(5))
