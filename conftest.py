@@ -31,7 +31,7 @@ _E2E_FILES = {ROOT / m for m in E2E_MODULES}
 # (it waits for the running ones to end, and the others wait for it), so that it sees the machine a serial
 # run gives it. Node ids or their prefixes (a module: all its tests).
 EXCLUSIVE = (
-    "tests/scripts/test_mutation_subset.py",  # --jobs 2 and a time budget; its fork servers' start-up limit
+    "tests/scripts/test_mutation_subset.py::test_a_fixed_sample_of_mutants_is_killed",  # --jobs 2, a 60 s budget
     "tests/scripts/test_validate_cuda_zoo.py::test_validate_zoo_runs_targets_at_once_on_a_device",  # 2 jobs, 8 s each
     "tests/verbs/validate/test_validate_cuda_context.py::test_a_hang_names_how_long_its_phases_took",  # 5 s limit
     "tests/verbs/validate/test_validate_cuda_context.py::test_a_fresh_worker_shares_the_time_limit",  # 20 s + 5 s

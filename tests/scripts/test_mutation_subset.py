@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,16 +22,19 @@ RUN = REPO / "scripts" / "dev" / "mutation" / "run.py"
 
 def _run(tmp_path, *args, timeout):
     out = tmp_path / "result.json"
-    # a session of its own: on a timeout the driver, its fork server and their children all go
-    proc = subprocess.Popen([sys.executable, str(RUN), "--workdir", str(tmp_path), "--json", str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+    # the copies go to a short folder of their own, not tmp_path: each holds its fork server's AF_UNIX socket,
+    # whose path may not pass 107 bytes, and tmp_path under pytest-xdist (.../popen-gwN/test_.../) is longer
+    with tempfile.TemporaryDirectory(prefix="pitcheck-mt-") as work:
+        # a session of its own: on a timeout the driver, its fork server and their children all go
+        proc = subprocess.Popen([sys.executable, str(RUN), "--workdir", work, "--json", str(out), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     return done, (json.loads(out.read_text()) if out.exists() else None)
 
