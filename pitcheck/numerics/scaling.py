@@ -324,7 +324,7 @@ class BlockFP32(Recipe):
         amax = _block_amax(a, block)
         scales = _fp32(_divide(amax, FORMATS[self.element].max))
         scales = _where(amax > 0, scales, 1.0)
-        scales = _where(amax.isfinite() if _is_torch(amax) else np.isfinite(amax), scales, float("nan"))
+        scales = _where(_namespace(amax).isfinite(amax), scales, float("nan"))
         values = _cast(a / _expand(scales, block, a.shape), self.element, rounding, rng)
         return Quantised(values, scales, self.element, block)
 
