@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from ..infra.errors import PitcheckError
-from .common import import_torch_holding_ctrl_c
+from .common import CtrlCNeverSwallowed, import_torch_holding_ctrl_c
 
 # verb -> its module under pitcheck/cli (imported when the parser is built)
 VERBS = ("run", "compare", "plot", "validate", "stress", "bench", "heads", "convert")
@@ -61,7 +61,11 @@ def _positive_int(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        ctrl_c = CtrlCNeverSwallowed()
+        try:
+            return _main(argv)
+        finally:
+            ctrl_c.close()
     except KeyboardInterrupt:
         print("pitcheck: interrupted", file=sys.stderr)
         return 130

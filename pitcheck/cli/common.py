@@ -188,3 +188,79 @@ def import_torch() -> None:
         import torch  # noqa: F401
     except ImportError:  # pragma: no cover - a dependency; its absence is reported where it is used
         pass
+
+
+class CtrlCNeverSwallowed:
+    """While the CLI runs, a Ctrl-C is never lost nor printed as a traceback.
+
+    Python runs the SIGINT handler wherever the main thread is, and a KeyboardInterrupt raised inside a
+    weakref callback or a finaliser (importlib's module-lock callback, measured at start-up) cannot
+    propagate: Python prints 'Exception ignored in ...' with a traceback and the run goes on. Here such
+    an interruption is delivered again at once, from a thread, so that it lands where it can unwind. A
+    Ctrl-C still pending as the CLI returns is reported as an interruption rather than raised after it.
+    Installed only in the main thread and only over Python's default handler: an ignored Ctrl-C (a
+    background job) and a caller's own handler are left alone.
+    """
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self._lock = threading.Lock()
+        self._closing = False
+        self.pending = False
+        self._in_hook = 0
+        self._installed = (threading.current_thread() is threading.main_thread()
+                           and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        if self._installed:
+            self._previous_hook = sys.unraisablehook
+            signal.signal(signal.SIGINT, self._on_ctrl_c)
+            sys.unraisablehook = self._on_unraisable
+
+    def _on_ctrl_c(self, signum, frame) -> None:
+        if self._closing:
+            self.pending = True  # reported by close, not raised after the CLI has returned
+            return
+        if self._in_hook:  # raised here it would be lost as well: delivered again after the hook returns
+            self._deliver_again_soon()
+            return
+        raise KeyboardInterrupt
+
+    def _on_unraisable(self, unraisable) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self._previous_hook(unraisable)
+            return
+        self._in_hook += 1
+        try:
+            self._deliver_again_soon()
+        finally:
+            self._in_hook -= 1
+
+    def _deliver_again_soon(self) -> None:
+        import threading
+
+        threading.Thread(target=self._deliver_again, daemon=True).start()
+
+    def _deliver_again(self) -> None:
+        import _thread
+        import signal
+        import time
+
+        time.sleep(0.01)  # the main thread has left the hook by then, almost always; if not, it reschedules
+        with self._lock:  # not once close has begun: the handler it restores would raise past the CLI
+            if not self._closing:
+                _thread.interrupt_main(signal.SIGINT)
+
+    def close(self) -> None:
+        """Restore the previous handler and hook; raise KeyboardInterrupt if a Ctrl-C is still pending."""
+        if not self._installed:
+            return
+        import signal
+
+        with self._lock:
+            self._closing = True
+        # signal.signal runs any pending handler first: ours, which now only records
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = self._previous_hook
+        if self.pending:
+            raise KeyboardInterrupt
