@@ -237,7 +237,10 @@ def _penrose_after_adam(make, dtype, steps=5):
     return torch.linalg.norm(W @ E - torch.eye(8, dtype=torch.float64)).item()
 
 
-@pytest.mark.parametrize("name", [n for n in ZOO if n.startswith("correct_")] + ["_base"])
+# the thresholds below are for cond(T) near 1; correct_conditioned_start starts at 1e4, and the validator's
+# tests judge it in units of cond(T) u
+@pytest.mark.parametrize("name", [n for n in ZOO if n.startswith("correct_") and n != "correct_conditioned_start"]
+                         + ["_base"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_zoo_correct_ones_are_pseudo_inverse_at_a_generic_state(name, dtype):
     mod = importlib.import_module(f"tests.zoo.{name}")
@@ -285,7 +288,10 @@ def _generic(m):
     return m
 
 
-@pytest.mark.parametrize("name", [n for n in ZOO if n.startswith("correct_")] + ["_base"])
+# the thresholds below are for cond(T) near 1; correct_conditioned_start starts at 1e4, and the validator's
+# tests judge it in units of cond(T) u
+@pytest.mark.parametrize("name", [n for n in ZOO if n.startswith("correct_") and n != "correct_conditioned_start"]
+                         + ["_base"])
 def test_zoo_correct_gradients(name):
     mod = importlib.import_module(f"tests.zoo.{name}")
     make = mod.make if hasattr(mod, "make") else mod.LLtPIT

@@ -77,6 +77,11 @@ def generic_condition(ctx: Context) -> float:
 
 # ---- measurements on a pair of maps ----------------------------------------------------------------
 
+def numerically_full_rank(sv: np.ndarray, shape) -> bool:
+    """Singular values (descending) all above numpy.linalg.matrix_rank's float64 tolerance."""
+    return bool(sv[-1] > sv[0] * max(shape) * np.finfo(np.float64).eps)
+
+
 def memory_orthonormality(E: np.ndarray, W: np.ndarray) -> float:
     """||Z^T Z - I||_2 from the maps alone: the eigenvalues of W E are those of Z^T Z."""
     ev = np.linalg.eigvals(W @ E)
@@ -304,25 +309,27 @@ def check_penrose(probe: Probe, ctx: Context) -> CheckResult:
 
 
 def check_reference(probe: Probe, ctx: Context) -> CheckResult:
-    """The float64 reference rebuilt from the module's own head: T = (W W^T)^{1/2}, Z = W^T T^{-1};
-    its embedding (pitcheck.numerics.reference, two float64 solves) against the module's, in units of cond(T) u.
-    Then the batched maps against the extracted ones (a gather, a product): in units of u (D u)."""
+    """The float64 reference rebuilt from the module's own head, W = T Z^T being its polar decomposition:
+    from the SVD W = U S V^T, T = U S U^T and Z = V U^T; its embedding (pitcheck.numerics.reference, two
+    float64 solves) against the module's, in units of cond(T) u. The SVD of W, not the eigenvalues of
+    W W^T: those square cond(T), and a correct module at cond(T) = 1e4 would fail against a reference
+    whose own error is cond(T)^2 u. Then the batched maps against the extracted ones (a gather, a
+    product): in units of u (D u)."""
     v = Verdicts("reference", ctx)
     for state, E, W in _states(probe):
         label = state["label"]
         if not (np.isfinite(E).all() and np.isfinite(W).all()):
             v.fail(label, "the maps contain non-finite values")
             continue
-        ev, Q = np.linalg.eigh(W @ W.T)
-        if ev[0] <= 0:
+        U, sv, Vt = np.linalg.svd(W, full_matrices=False)
+        if not numerically_full_rank(sv, W.shape):
             v.fail(label, "the head W = T Z^T is rank deficient: T is singular")
             continue
-        sqrt_ev = np.sqrt(ev)
-        T = (Q * sqrt_ev) @ Q.T
-        Z = W.T @ ((Q / sqrt_ev) @ Q.T)
+        T = (U * sv) @ U.T
+        Z = Vt.T @ U.T
         L = np.linalg.cholesky(0.5 * (T + T.T))
         E_ref = reference.embedding_matrix(Z, L)
-        cond = float(sqrt_ev[-1] / sqrt_ev[0])
+        cond = float(sv[0] / sv[-1])
         err = float(np.linalg.norm(E - E_ref) / np.linalg.norm(E_ref))
         v.ratio(label, err, ctx.unit(cond), "embedding forward error", cond_T=cond)
     if "embed_rows" in probe.arrays:
@@ -538,13 +545,14 @@ def stiefel_distance(Y: np.ndarray) -> float:
 
 
 def memory_from_maps(E: np.ndarray, W: np.ndarray):
-    """Z = W^T T^{-1} with T = (W W^T)^{1/2}: the memory the maps use; None where the maps cannot show it."""
+    """Z, W's orthonormal polar factor (W = T Z^T, as in check_reference): the memory the maps use; None
+    where the maps cannot show it."""
     if not (np.isfinite(E).all() and np.isfinite(W).all()):
         return None
-    ev, Q = np.linalg.eigh(W @ W.T)
-    if not ev[0] > 0:
+    U, sv, Vt = np.linalg.svd(W, full_matrices=False)
+    if not numerically_full_rank(sv, W.shape):
         return None
-    return W.T @ ((Q / np.sqrt(ev)) @ Q.T)
+    return Vt.T @ U.T
 
 
 def check_retraction(probe: Probe, ctx: Context) -> CheckResult:
@@ -712,14 +720,16 @@ def check_scale(probe: Probe, ctx: Context) -> CheckResult:
     if not np.isfinite(base).all():
         v.fail("c = 1", "logits of an ordinary hidden state are non-finite")
         return v.done()
-    hmax, bmax = np.abs(hid).max(), np.abs(base).max()
-    bmin = np.abs(base[base != 0]).min() if np.any(base != 0) else 0.0
+    # Python floats: c times them beyond the float64 range is inf without a warning
+    hmax, bmax = float(np.abs(hid).max()), float(np.abs(base).max())
+    bmin = float(np.abs(base[base != 0]).min()) if np.any(base != 0) else 0.0
+    hmin = float(np.abs(hid[hid != 0]).min()) if np.any(hid != 0) else 0.0
     for s in probe.facts["scaled"]:
         k = s["exponent"]
         c = 2.0**k
         label = f"c = 2^{k}"
         # safe: inputs, outputs (and, for T near I, intermediates) well inside the normal range
-        safe = c * max(hmax, bmax) <= fmax / 64 and c * min(bmin, np.abs(hid[hid != 0]).min()) >= tiny / ctx.u
+        safe = c * max(hmax, bmax) <= fmax / 64 and c * min(bmin, hmin) >= tiny / ctx.u
         overflow = c * bmax > fmax or c * hmax > fmax
         if "raised" in s:
             if safe:
@@ -728,7 +738,8 @@ def check_scale(probe: Probe, ctx: Context) -> CheckResult:
                 v.result.details.append({"state": label, "verdict": "pass", "reason": f"refused: {s['raised']}"})
             continue
         out = probe.arrays[f"scaled:{k}"]
-        expected = c * base
+        with np.errstate(over="ignore"):  # c logits(h) beyond the float64 range is inf, as it should compare
+            expected = c * base
         if overflow:
             if np.isfinite(out).all() and not np.allclose(out, expected, rtol=TAU * ctx.unit(), atol=0):
                 v.fail(label, "the logits overflow the dtype, yet finite numbers came back")

@@ -58,6 +58,14 @@ def test_correct_conventions_pass_every_check_in_float32(name):
     assert_clean(run_zoo(name, "float32"))
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_correct_module_started_at_cond_1e4_passes_every_check(dtype):
+    # a verifier that rebuilds T through W W^T squares cond(T): 214 units off in float64 here
+    result = run_zoo("correct_conditioned_start", dtype, vocab=512, dim=16)
+    assert_clean(result)
+    assert result.by_name()["reference"].value < 4, result.table()
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 def test_reference_module_passes_its_own_validator(dtype):
     result = validate("pitcheck.nn:make", dtype, **SMALL)
