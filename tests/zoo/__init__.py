@@ -32,17 +32,12 @@ CAUGHT_BY = {
 # them to their own test, which skips without the package
 OPTIONAL = {"broken_mx_storage": "torchao"}
 
-# broken modules whose bug a dtype cannot show, and why: the validator passes them there, or says inconclusive
-# where the float64 build of the module shows the defect below the dtype's threshold (checks.judge_shadow)
+# broken modules whose bug a dtype cannot show, and why: the validator passes them there. (A bug below a half
+# precision's threshold that the module's float64 build shows fails there: checks.judge_shadow.)
 NOT_SHOWN = {
-    ("bfloat16", "broken_transposed"): "at cond(T) <= 1.44, the most bfloat16 resolves, L^T L and L L^T differ by "
-                                       "less than 16 units (penrose reads inconclusive: its float64 build is "
-                                       "22 float32 units off after 3 steps)",
     ("bfloat16", "broken_pinv_head"): "pinv's default cutoff truncates only near cond(T) = 1 / (V eps), far beyond "
                                       "the cond(T) bfloat16 resolves (conditioning inconclusive)",
     ("bfloat16", "broken_bf16_storage"): "bfloat16 storage is what a bfloat16 request asks for",
-    ("bfloat16", "broken_jittered_inverse"): "its 1e-4 error is below bfloat16's threshold (0.0625); penrose reads "
-                                             "inconclusive: its float64 build is 336 float32 units off",
     ("float32", "broken_fp32_solves"): "float32 solves are right under a float32 request (the float64 row shows "
                                        "the bug)",
     ("bfloat16", "broken_fp32_solves"): "float32 solves are finer than a bfloat16 request needs",
