@@ -58,7 +58,7 @@ def main(args) -> int:
     from ..verbs.validate.isolation import watch
     from ..verbs.validate.result import check_outputs
 
-    check_outputs(args.json, args.report, args.junit)
+    check_outputs(args.json, args.report, args.junit, target=args.target)
     check_writable(files=[("--json", args.json), ("--report", args.report), ("--junit", args.junit)])
     print(f"validating {args.target} [{args.dtype}, V={args.vocab}, D={args.dim}] in a child process "
           f"(up to {args.timeout:g} s); the verdicts follow the measurements", flush=True)

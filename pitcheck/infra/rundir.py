@@ -309,6 +309,24 @@ def check_distinct_outputs(outputs) -> None:
         seen[key] = option
 
 
+def check_outputs_spare_inputs(outputs, inputs) -> None:
+    """Refuse an output, an (option, path) pair, that names an input, a (what, path) pair: writing it would
+    replace the file the work reads (the target module itself, a scenario file)."""
+    held = {}
+    for what, path in inputs:
+        if path is not None:
+            key = output_identity(path)
+            if key is not None:
+                held[key] = (what, path)
+    for option, path in outputs:
+        if path is None or str(path).strip() == "":
+            continue
+        key = output_identity(path)
+        if key in held:
+            what, source = held[key]
+            raise PitcheckError(f"{option} {path} would replace {source}, {what}: name another file")
+
+
 def check_out_path(path: Path | str, option: str = "--out") -> Path:
     """A directory we may create or write in: not '', not a file, with a writable nearest ancestor."""
     if str(path).strip() == "":

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...infra.errors import PitcheckError
-from ...infra.rundir import check_distinct_outputs, check_out_file, check_out_path, read_events, read_metrics
+from ...infra.rundir import (check_distinct_outputs, check_out_file, check_out_path, check_outputs_spare_inputs,
+                             read_events, read_metrics)
 from ...infra.threads import thread_policy
 from ...trajectory import RunBreakdown, run
 from ...trajectory.loop import mostly_skipped, skipped_steps
 from .budgets import BudgetResult, check_budget
+from ..validate.target import target_source
 from .scenarios import Scenario, StressInputError
 from .target import run_target
 
@@ -188,9 +190,12 @@ def check_outputs(scenarios: list[Scenario], junit: Path | str | None = None, js
         except PitcheckError as exc:
             raise StressInputError(str(exc)) from None
     files = [("--junit", junit), ("--json", json)]
-    given = [(f"scenario file {f}", Path(f)) for f in dict.fromkeys(s.file for s in scenarios)]
+    given = [("the scenario file", Path(f)) for f in dict.fromkeys(s.file for s in scenarios)]
+    targets = [(f"the target source of scenario {s.name!r}", target_source(s.target))
+               for s in scenarios if s.target]
     try:
-        check_distinct_outputs([*given, *files])
+        check_distinct_outputs(files)
+        check_outputs_spare_inputs(files, [*given, *targets])
     except PitcheckError as exc:
         raise StressInputError(str(exc)) from None
     if out is not None:

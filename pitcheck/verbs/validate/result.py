@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...infra.junit import ERROR, FAILURE, SKIPPED, Case, Outcome, Suite, junit_xml
-from ...infra.rundir import check_distinct_outputs, check_out_file, write_atomic
+from ...infra.rundir import check_distinct_outputs, check_out_file, check_outputs_spare_inputs, write_atomic
 from .checks import CheckResult
+from .target import target_source
 
 EXIT_PASS, EXIT_FAIL, EXIT_TARGET = 0, 1, 2
 # a reason wrapped onto more lines than this is cut in the terminal; --report and --json keep all of it
@@ -156,10 +157,13 @@ def check_output_path(path: str | None, option: str) -> None:
         check_out_file(path, option)
 
 
-def check_outputs(json_path: str | None = None, report: str | None = None, junit: str | None = None) -> None:
-    """Every output of a validation, before it runs: each writable, no two naming one file."""
+def check_outputs(json_path: str | None = None, report: str | None = None, junit: str | None = None,
+                  target=None) -> None:
+    """Every output of a validation, before it runs: each writable, no two naming one file, none naming
+    the target's own source file."""
     outputs = (("--json", json_path), ("--report", report), ("--junit", junit))
     check_distinct_outputs(outputs)
+    check_outputs_spare_inputs(outputs, [("the target's source file", target_source(target))])
     for option, path in outputs:
         check_output_path(path, option)
 

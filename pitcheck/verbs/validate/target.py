@@ -43,6 +43,33 @@ def split_target(spec: str) -> tuple[str, str]:
     return where, name
 
 
+def target_source(spec) -> Path | None:
+    """The file a target's code is read from, found as load_factory would find it but without running
+    any of it (no package's __init__ executes); None for a callable, a malformed spec, or a module not
+    found. Outputs are checked against it: a --report named like the module would replace its code."""
+    if not isinstance(spec, str):
+        return None
+    try:
+        where, _ = split_target(spec)
+    except TargetError:
+        return None
+    if where.endswith(".py"):
+        return Path(where) if Path(where).is_file() else None
+    parts = where.split(".")
+    search = [str(Path.cwd()), *sys.path]
+    found = None
+    for part in parts:
+        try:
+            found = importlib.machinery.PathFinder.find_spec(part, search)
+        except (ImportError, ValueError):
+            return None
+        if found is None:
+            return None
+        search = list(found.submodule_search_locations or [])
+    origin = getattr(found, "origin", None)
+    return Path(origin) if origin and Path(origin).is_file() else None
+
+
 def load_factory(spec: str):
     """Import the factory named by `spec` (runs the target's import-time code: call it in the worker).
 

@@ -152,3 +152,18 @@ def test_the_default_ceiling_is_validates_threshold_at_cond_10_in_units_of_u(dty
 
     D = 8
     assert default_limit(dtype, D) == pytest.approx(16 * 10 * (u + D ** 0.5 * min(u, 2.0**-24)), rel=1e-12)
+
+
+@pytest.mark.parametrize("option", ["json", "junit"])
+def test_an_output_naming_the_target_or_the_scenario_file_is_refused_before_any_run(tmp_path, capsys, option):
+    zoo = Path(__file__).parents[2] / "zoo" / "correct_cholesky_qr.py"
+    code = zoo.read_text()
+    (tmp_path / "mypit.py").write_text(code)
+    f = _file(tmp_path, _one("beside", "mypit.py:make", steps=20))
+    text = f.read_text()
+    for victim, words in ((tmp_path / "mypit.py", "the target source of scenario 'beside'"),
+                          (f, "the scenario file")):
+        assert stress_cli.main(stress_args([f], **{option: victim})) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and "name another file" in err[0], err
+    assert (tmp_path / "mypit.py").read_text() == code and f.read_text() == text

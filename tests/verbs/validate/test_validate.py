@@ -346,6 +346,37 @@ def test_bad_validate_input_is_one_line_and_exit_2(argv, message, capsys):
 
 
 @pytest.mark.parametrize("option", ["--json", "--report", "--junit"])
+def test_an_output_naming_the_targets_source_is_refused_before_validating(tmp_path, monkeypatch, option, capsys):
+    zoo = Path(__file__).parents[2] / "zoo" / "correct_cholesky_qr.py"
+    code = zoo.read_text()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise RuntimeError('a package __init__ must not run here')\n")
+    (tmp_path / "pkg" / "mine.py").write_text(code)
+    (tmp_path / "mypit.py").write_text(code)
+    monkeypatch.chdir(tmp_path)
+    for target, output in (("mypit.py:make", "./mypit.py"), (f"{tmp_path / 'mypit.py'}:make", "mypit.py"),
+                           ("pkg.mine:make", "pkg/mine.py")):
+        assert main(["validate", target, option, output, "--checks", "contract"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the target's source file: name another file" in err[0], err
+    assert (tmp_path / "mypit.py").read_text() == code and (tmp_path / "pkg" / "mine.py").read_text() == code
+
+
+def test_target_source_finds_the_file_without_running_it(tmp_path, monkeypatch):
+    from pitcheck.verbs.validate.target import target_source
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "__init__.py").write_text("raise SystemExit('ran')\n")
+    (tmp_path / "a" / "b" / "c.py").write_text("")
+    assert target_source("a.b.c:make") == tmp_path / "a" / "b" / "c.py"  # a/b: a namespace package
+    assert target_source("a:make") == tmp_path / "a" / "__init__.py"
+    assert target_source("pitcheck.nn:make") == Path(__import__("pitcheck.nn").nn.__file__)
+    for none in ("a.nope:make", "nope:make", "x.py:make", "not a target", len):
+        assert target_source(none) is None
+
+
+@pytest.mark.parametrize("option", ["--json", "--report", "--junit"])
 def test_unwritable_output_paths_are_refused_before_validating(tmp_path, option, capsys):
     for path, message in ((tmp_path, "is a directory"), (tmp_path / "missing" / "r.out", "does not exist")):
         assert main(["validate", "pitcheck.nn:make", option, str(path)]) == 2
