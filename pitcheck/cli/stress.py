@@ -62,7 +62,7 @@ def _report_broken(outcome) -> None:
     for r in outcome.broken:
         for c in r.checks:
             if not c.held:
-                print(f"{c.status} {r.scenario.id}: {c.message} (budget from {r.scenario.source}"
+                print(f"{c.status} {r.scenario.id}: {c.message} (budget from {c.check.origin or r.scenario.source}"
                       + (f"; {r.scenario.why}" if r.scenario.why else "") + ")", file=sys.stderr)
         for e in r.errors:
             print(f"BROKEN {r.scenario.id}: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ from ...infra.rundir import read_metrics
 from .budgets import GROWTH_KINDS
 from .runner import ScenarioResult, plot_name
 from .scenarios import Scenario
+from .target import TARGET_RUN_KEYS
 
 
 def _fmt(v) -> str:
@@ -35,7 +36,7 @@ def rows_of(results: list[ScenarioResult]) -> list[dict]:
                      "growth": f"{c.check.metric} growth", "growth_floor": f"{c.check.metric} growth (floor)"}
             out.append(dict(scenario=s.id, file=s.file, metric=label[c.check.kind], kind=c.check.kind,
                             worst=c.value, step=c.step, budget=c.check.limit, headroom=c.headroom,
-                            status=c.status, source=s.source, message=c.message))
+                            status=c.status, source=c.check.origin or s.source, message=c.message))
         for e in r.errors:
             out.append(dict(scenario=s.id, file=s.file, metric="events", kind="events", worst=None, step=None,
                             budget=None, headroom="-", status="BROKEN", source=s.source, message=e))
@@ -84,6 +85,15 @@ def junit_bytes(results: list[ScenarioResult]) -> bytes:
     return junit_xml(suites, name="pitcheck stress")
 
 
+def _config_json(s) -> dict:
+    """The run's options; for a target scenario only those that mean something for the user's module (its
+    dtype, not the precision, retraction or head of pitcheck's own model, which it does not run)."""
+    config = s.config.to_json()
+    if not s.target:
+        return config
+    return {"dtype": s.dtype, **{k: config[k] for k in TARGET_RUN_KEYS if k in config}}
+
+
 def to_json(results: list[ScenarioResult]) -> dict:
     """The results as the JSON document `--json` writes (non-finite values as null)."""
     def clean(v):
@@ -97,8 +107,9 @@ def to_json(results: list[ScenarioResult]) -> dict:
                            "held": r.held if not r.skipped else None, "errors": r.errors,
                            "target": r.scenario.target or None, "fatal": r.fatal or None,
                            "initial_state": r.scenario.initial_state,
-                           "config": r.scenario.config.to_json(),
+                           "config": _config_json(r.scenario),
                            "checks": [{"metric": c.check.metric, "kind": c.check.kind, "limit": c.check.limit,
+                                       "source": c.check.origin or r.scenario.source,
                                        "value": clean(c.value), "step": c.step, "held": c.held,
                                        "status": c.status, "message": c.message} for c in r.checks]}
                           for r in results]}

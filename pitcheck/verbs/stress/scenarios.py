@@ -98,6 +98,7 @@ class Check:
     metric: str
     kind: str  # "max" (ceiling on the worst value), "growth" (ceiling on the exponent), "floor", "growth_floor"
     limit: float
+    origin: str = ""  # where the limit comes from when not the scenario's source: "default" for a target's
 
 
 @dataclass
@@ -424,8 +425,8 @@ def _target_fields(path, text, name, table, config, checks) -> dict:
                                    "which a target's maps do not show; a target scenario judges "
                                    f"{', '.join(TARGET_METRICS)}")
     given = {c.metric for c in checks if c.kind == "max"}
-    limit = default_limit(dtype, config.dim)
-    defaults = [Check(m, "max", limit) for m in DEFAULT_BUDGET_METRICS if m not in given]
+    defaults = [Check(m, "max", default_limit(dtype, config.dim, m), origin="default")
+                for m in DEFAULT_BUDGET_METRICS if m not in given]
     return {"target": target, "dtype": dtype, "timeout": timeout, "checks": defaults + checks,
             "own_optimizer": "optimizer" not in table and "lr" not in table}
 

@@ -5,15 +5,18 @@ seed)` returns a torch module with embed(ids), logits(h), optionally post_step()
 It runs in a child process with a time limit (validate's isolation; target_worker.py is what runs there),
 stepped on the scenario's gradient models as losses on its outputs. pitcheck's own process reads the maps
 E = embed(0..V-1) and W = logits(I_D) saved at each recorded step and measures what a run records where it
-applies to a module seen from outside (TARGET_METRICS): the memory's orthonormality ||Z^T Z - I||_2 read
-off the maps (the eigenvalues of W E are those of Z^T Z), cond(T), pinv drift ||W E - I|| and the Penrose
+applies to a module seen from outside (TARGET_METRICS): the memory's orthonormality ||Z^T Z - I||_F read
+off the maps (W E = T Z^T Z T^-1 is similar to Z^T Z, so the root sum of squares of its eigenvalues' distances
+from 1 is that norm: the column every run records), cond(T), pinv drift ||W E - I||_F and the Penrose
 residuals. The rows go to the run directory's metrics.csv (the other columns NaN) and are judged against
 the scenario's budgets as any run's are.
 
 Without budgets of its own on them, a target scenario judges orthonormality, pinv_drift and penrose
 against DEFAULT ceilings: what a correct implementation may commit in its dtype (validate's unit, TAU
-times cond(T) u plus a length-D computation) at cond(T) up to DEFAULT_COND. A scenario may set any of
-them, tighter or looser, in its [budget] table.
+times cond(T) u plus a length-D computation) at cond(T) up to DEFAULT_COND, on the normalisation validate
+judges (the 2-norm of Z^T Z - I, ||W E - I||_F / sqrt(D)): a Frobenius norm of a D x D matrix is at most
+sqrt(D) times those, so its ceiling is sqrt(D) times the threshold, and a module validate passes holds it.
+A scenario may set any of them, tighter or looser, in its [budget] table.
 """
 from __future__ import annotations
 
@@ -38,24 +41,34 @@ TARGET_RUN_KEYS = ("steps", "vocab", "dim", "seed", "device", "adversary", "adve
 TARGET_KEYS = ("target", "dtype", "timeout")
 
 
-def default_limit(dtype: str, dim: int) -> float:
-    """The default ceiling of a target scenario's orthonormality, pinv_drift and penrose: validate's
-    threshold (TAU units of cond(T) (u + sqrt(D) min(u, u_fp32))) at cond(T) = DEFAULT_COND."""
+FROBENIUS_METRICS = ("orthonormality", "pinv_drift")  # ||.||_F of a D x D matrix, validate's up to sqrt(D)
+
+
+def default_limit(dtype: str, dim: int, metric: str = "penrose") -> float:
+    """The default ceiling of a target scenario's `metric` (one of DEFAULT_BUDGET_METRICS): validate's
+    threshold (TAU units of cond(T) (u + sqrt(D) min(u, u_fp32))) at cond(T) = DEFAULT_COND, times sqrt(D)
+    for the Frobenius norms (FROBENIUS_METRICS)."""
     from ..validate.checks import TAU, Context
     from ..validate.dtypes import UNIT_ROUNDOFF
 
-    return TAU * Context(dtype, UNIT_ROUNDOFF[dtype], 2 * dim, dim).unit(DEFAULT_COND)
+    threshold = TAU * Context(dtype, UNIT_ROUNDOFF[dtype], 2 * dim, dim).unit(DEFAULT_COND)
+    return threshold * (dim ** 0.5 if metric in FROBENIUS_METRICS else 1.0)
+
+
+def orthonormality_from_maps(E: np.ndarray, W: np.ndarray) -> float:
+    """||Z^T Z - I||_F from the maps alone: W E is similar to Z^T Z (symmetric), so the Frobenius norm of
+    Z^T Z - I is the root sum of squares of |eig(W E) - 1|."""
+    ev = np.linalg.eigvals(W @ E)
+    return float(np.sqrt(np.sum(np.abs(ev - 1.0) ** 2)))
 
 
 def measure(E: np.ndarray, W: np.ndarray) -> dict:
     """The TARGET_METRICS of one state from its maps; NaN for what cannot be measured (non-finite maps)."""
-    from ..validate.checks import memory_orthonormality
-
     row = {m: float("nan") for m in TARGET_METRICS}
     if not (np.isfinite(E).all() and np.isfinite(W).all()):
         return row
     row["cond_T"] = min(metrics.condition_number(W), metrics.condition_number(E))
-    row["orthonormality"] = memory_orthonormality(E, W)
+    row["orthonormality"] = orthonormality_from_maps(E, W)
     try:
         row.update({k: v for k, v in metrics.head_metrics(E, W.T).items() if k in TARGET_METRICS})
     except Exception:  # a map too large for float64's E^T B: the residuals stay NaN (they break a ceiling)

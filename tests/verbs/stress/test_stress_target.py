@@ -167,3 +167,37 @@ def test_an_output_naming_the_target_or_the_scenario_file_is_refused_before_any_
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0] and "name another file" in err[0], err
     assert (tmp_path / "mypit.py").read_text() == code and f.read_text() == text
+
+
+@pytest.mark.parametrize("cond", [1.0, 1e3])
+def test_a_targets_orthonormality_is_the_frobenius_norm_every_run_records(cond):
+    # read off the maps (eigenvalues of W E), the same ||Z^T Z - I||_F a pitcheck run's column holds
+    import numpy as np
+
+    from pitcheck.numerics import metrics, reference
+    from pitcheck.verbs.stress.target import measure
+    from tests.helpers import pit_pair
+
+    Z, L = pit_pair(64, 8, cond, seed=2)
+    Z = Z @ np.diag(1 + 1e-4 * np.arange(8))  # off the manifold: Z^T Z - I = diag((1 + 1e-4 k)^2 - 1)
+    got = measure(reference.embedding_matrix(Z, L), reference.head_matrix(Z, L))["orthonormality"]
+    assert got == pytest.approx(metrics.orthonormality_loss(Z), rel=1e-6)
+
+
+def test_default_ceilings_are_named_default_and_the_frobenius_ones_scale_by_sqrt_d(tmp_path):
+    import json
+
+    from pitcheck.verbs.stress.target import default_limit
+
+    D = 8
+    assert default_limit("float32", D, "orthonormality") == pytest.approx(D ** 0.5 * default_limit("float32", D))
+    assert default_limit("float32", D, "pinv_drift") == pytest.approx(D ** 0.5 * default_limit("float32", D))
+    f = _file(tmp_path, _one("mine", CORRECT, steps=20, extra='source = "user"\n[scenario.mine.budget]\n'
+                                                               "pinv_drift = 1e-3\n"))
+    out = tmp_path / "r.json"
+    assert stress_cli.main(stress_args([f], json=out)) == 0
+    s = json.loads(out.read_text())["scenarios"][0]
+    sources = {c["metric"]: c["source"] for c in s["checks"]}
+    assert sources == {"pinv_drift": "user", "orthonormality": "default", "penrose": "default"}
+    # the options of pitcheck's own model, which a target scenario does not run, are not reported as its
+    assert s["config"]["dtype"] == "float32" and not {"precision", "retraction", "head", "backend"} & set(s["config"])
