@@ -3,6 +3,7 @@ panel) or page (two or more)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 NEEDS_TORCH = False
 
@@ -20,7 +21,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args) -> int:
+    from ..infra.rundir import writes_to_stdout
     from ..verbs.plot import plot_runs
 
-    print(plot_runs(args.runs, args.out, args.metrics.split(","), dpi=args.dpi, fmt=args.format))
+    saved = plot_runs(args.runs, args.out, args.metrics.split(","), dpi=args.dpi, fmt=args.format)
+    # the path is said where it cannot end up inside an image written to stdout
+    print(saved, file=sys.stderr if writes_to_stdout(args.out) else sys.stdout)
     return 0

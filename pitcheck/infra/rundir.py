@@ -178,6 +178,17 @@ def _standard_stream(st: os.stat_result | None) -> int | None:
     return None
 
 
+def writes_to_stdout(path: Path | str | None) -> bool:
+    """Whether an output at `path` goes to this process's stdout (/dev/stdout, or the file stdout is
+    redirected to): what a verb prints to stdout would then land inside it."""
+    if path is None or str(path).strip() == "":
+        return False
+    try:
+        return _standard_stream(_stat(Path(path))) == 1
+    except OSError:
+        return False
+
+
 def _write_stream(fd: int, data: bytes) -> None:
     for stream in (sys.stdout, sys.stderr):  # what is already printed comes first
         try:

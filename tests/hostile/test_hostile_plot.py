@@ -30,3 +30,18 @@ def test_a_metric_some_runs_lack_is_drawn_with_a_note_and_no_warning(runs, tmp_p
         plot_runs([runs / "tied", runs / "pit"], tmp_path / "p.svg", ["cond_T", "orthonormality"])
     assert not [str(w.message) for w in caught if "legend" in str(w.message) or "artists" in str(w.message)]
     assert "not recorded: tied" in (tmp_path / "p.svg").read_text()
+
+
+@pytest.mark.parametrize("fmt,end", [("png", b"IEND\xaeB`\x82"), ("svg", b"</svg>\n")])
+def test_a_plot_written_to_stdout_is_the_image_alone(runs, tmp_path, fmt, end):
+    # the saved path is said on stderr when the image itself goes to stdout, not appended to it
+    import subprocess
+    import sys
+
+    image = tmp_path / f"out.{fmt}"
+    with open(image, "wb") as stdout:
+        done = subprocess.run([sys.executable, "-m", "pitcheck.cli", "plot", str(runs / "pit"), "--out", "/dev/stdout",
+                               "--format", fmt], stdout=stdout, stderr=subprocess.PIPE, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert image.read_bytes().endswith(end)
+    assert done.stderr.decode().strip().splitlines()[-1] == "/dev/stdout"
