@@ -119,12 +119,16 @@ def check_writable(files=(), dirs=()) -> None:
     for option, path in files:
         if path is None or str(path).strip() == "":
             continue
-        real = Path(os.path.realpath(path))
         try:
-            if real.exists() and not stat.S_ISREG(real.stat().st_mode):
+            # through every link, as writing opens it: /dev/stdout onto a pipe is a FIFO, though its
+            # realpath (/proc/PID/fd/pipe:[N]) names nothing
+            if not stat.S_ISREG(os.stat(path).st_mode):
                 continue  # a device or FIFO is written in place
+        except FileNotFoundError:
+            pass
         except OSError:
             continue
+        real = Path(os.path.realpath(path))
         if not real.parent.is_dir():
             continue
         try:

@@ -93,3 +93,17 @@ def test_version(capsys, monkeypatch):
 
     monkeypatch.setattr(metadata, "version", not_installed)
     assert cli.package_version() == pitcheck.__version__
+
+
+@pytest.mark.parametrize("option", ["--junit", "--json", "--report"])
+def test_validate_output_to_dev_stdout_onto_a_pipe_is_written_there(option):
+    # /dev/stdout's realpath is /proc/PID/fd/pipe:[N], which names nothing: the output is the pipe itself
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pitcheck.cli", "validate", "pitcheck.nn:make", "--vocab", "64",
+                           "--dim", "4", "--checks", "contract", option, "/dev/stdout"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=240)
+    assert done.returncode == 0, done.stderr.decode()
+    tail = {"--junit": b"</testsuites>", "--json": b"}", "--report": b"contract"}[option]
+    assert tail in done.stdout.strip().splitlines()[-1] or tail in done.stdout, done.stdout[-300:]
