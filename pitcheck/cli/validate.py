@@ -55,17 +55,19 @@ class Progress:
 
 def main(args) -> int:
     from ..verbs.validate import validate
+    from ..verbs.validate.api import check_arguments
     from ..verbs.validate.isolation import watch
     from ..verbs.validate.result import check_outputs
 
+    options = dict(device=args.device, vocab=args.vocab, dim=args.dim, steps=args.steps, seed=args.seed,
+                   checks=args.checks, timeout=args.timeout, world_size=args.world_size)
+    check_arguments(args.dtype, **options)  # bad options are refused before the banner
     check_outputs(args.json, args.report, args.junit, target=args.target)
     check_writable(files=[("--json", args.json), ("--report", args.report), ("--junit", args.junit)])
     print(f"validating {args.target} [{args.dtype}, V={args.vocab}, D={args.dim}] in a child process "
           f"(up to {args.timeout:g} s); the verdicts follow the measurements", flush=True)
     with watch(Progress()):
-        result = validate(args.target, args.dtype, device=args.device, vocab=args.vocab, dim=args.dim,
-                          steps=args.steps, seed=args.seed, checks=args.checks, timeout=args.timeout,
-                          world_size=args.world_size)
+        result = validate(args.target, args.dtype, **options)
     # the verdict is printed first: an output that still cannot be written loses nothing else
     print(result.table(report=args.report))
     print(result.summary(), file=sys.stderr if result.fatal else sys.stdout)

@@ -62,6 +62,23 @@ def check_options(dtype, device="auto", vocab=DEFAULT_VOCAB, dim=DEFAULT_DIM, st
             raise PitcheckError("--device cuda asked for, but torch sees no CUDA device")
 
 
+def check_arguments(dtype: str = "float32", *, device: str = "auto", vocab: int = DEFAULT_VOCAB,
+                    dim: int = DEFAULT_DIM, steps: int = DEFAULT_STEPS, seed: int = 0, checks=None,
+                    timeout: float = DEFAULT_TIMEOUT, world_size: int | None = None) -> list[str]:
+    """validate()'s options judged before anything runs (PitcheckError for a bad one, in one line); the
+    names of the checks asked for."""
+    sharded = world_size is not None
+    if sharded:
+        from .shard_run import check_world_size  # deferred: torch.distributed, which `import pitcheck` must not need
+
+        check_world_size(world_size)
+    names = parse_checks(checks, sharded)
+    check_options(dtype, device, vocab, dim, steps, seed, timeout)
+    if sharded and vocab < world_size:
+        raise PitcheckError(f"--vocab {vocab} gives some of the {world_size} ranks no vocabulary rows")
+    return names
+
+
 def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int = DEFAULT_VOCAB,
              dim: int = DEFAULT_DIM, steps: int = DEFAULT_STEPS, seed: int = 0, checks=None,
              timeout: float = DEFAULT_TIMEOUT, isolate: bool = True, threads: int | None = None,
@@ -76,12 +93,8 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
     (the shard contract, pitcheck.verbs.validate.sharded), with the checks `shards` and `replicas` added.
     """
     sharded = world_size is not None
-    if sharded:
-        from .shard_run import check_world_size  # deferred: torch.distributed, which `import pitcheck` must not need
-
-        check_world_size(world_size)
-    names = parse_checks(checks, sharded)
-    check_options(dtype, device, vocab, dim, steps, seed, timeout)
+    names = check_arguments(dtype, device=device, vocab=vocab, dim=dim, steps=steps, seed=seed, checks=checks,
+                            timeout=timeout, world_size=world_size)
     factory = None
     if callable(target):
         spec = describe_callable(target)
@@ -92,8 +105,6 @@ def validate(target, dtype: str = "float32", *, device: str = "auto", vocab: int
             factory, spec, isolate = target, getattr(target, "__qualname__", repr(target)), False
     else:
         spec = str(target)
-    if sharded and vocab < world_size:
-        raise PitcheckError(f"--vocab {vocab} gives some of the {world_size} ranks no vocabulary rows")
     ctx = Context(dtype, UNIT_ROUNDOFF[dtype], vocab, dim)
     request = {"target": spec, "dtype": dtype, "device": device, "vocab": vocab, "dim": dim, "steps": steps,
                "seed": seed, "checks": names, "conds": conditioning_ladder(ctx),
