@@ -33,7 +33,8 @@ reference, every other precision on the torch backend with a float64 shadow (unl
 growth_exponent is the slope of log ||Z^T Z - I||_F against log step over the second half of the run on
 the log-step axis the records are spaced on (steps sqrt(N)..N), fitted jointly over the seeds with one
 intercept per seed; its uncertainty is the slope's standard error. About 0 is bounded error, 0.5 a
-random walk, 1 linear growth. The floor is measured: an exactly orthonormal V x D Q (float64
+random walk, 1 linear growth; the verdict calls a growth only where two standard errors exclude the other
+model (verdict.growth_resolved). The floor is measured: an exactly orthonormal V x D Q (float64
 Householder QR of a Gaussian) rounded to the format Z is stored in, ||Q^T Q - I||_F.
 """
 from __future__ import annotations

@@ -15,7 +15,8 @@ from .cells import COST_STEPS, cells
 from .figures import plot_sweep
 from .grid import Grid, axis_values
 from .summary import RESOLVABLE_COND_U
-from .verdict import ACCURACY_TIE, BOUNDED_GROWTH, not_judged, own_breakdowns, t_instability_lines, verdict_lines
+from .verdict import (ACCURACY_TIE, BOUNDED, BOUNDED_GROWTH, GROWTH_SIGMAS, RANDOM_WALK, not_judged, own_breakdowns,
+                      t_instability_lines, verdict_lines)
 
 
 
@@ -112,8 +113,9 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         "## Verdict",
         "",
         f"Per precision, among the retractions that neither failed by themselves nor let the error grow (growth "
-        f"exponent below {BOUNDED_GROWTH}, measured: a retraction whose growth could not be measured is "
-        f"inconclusive, never safe), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
+        f"exponent below {BOUNDED_GROWTH}, measured: a retraction whose growth could not be measured, or whose "
+        f"exponent's {GROWTH_SIGMAS:g}-standard-error interval reaches both bounded error ({BOUNDED:g}) and a random "
+        f"walk ({RANDOM_WALK:g}), is inconclusive, never safe nor unsafe for its growth), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
         f"judged row), or the cheapest of those within {ACCURACY_TIE:g}x of it. A breakdown counts against a "
         f"retraction only when it is its own: Z broke down (not T or its factor L) while cond(T) u was still "
         f"below {RESOLVABLE_COND_U:g}, and not in a precision, gradient model and seed where every retraction "

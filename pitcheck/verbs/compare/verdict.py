@@ -12,6 +12,10 @@ from ...trajectory.plan import head_named
 UNSTABLE_COND_T = 1e8
 # growth exponents below this are bounded error; at or above it the error grows without bound
 BOUNDED_GROWTH = 0.25
+# the two growth models the exponent tells apart, bounded error and a random walk: a call on either side of
+# BOUNDED_GROWTH stands only where the exponent's interval of GROWTH_SIGMAS standard errors excludes the other
+BOUNDED, RANDOM_WALK = 0.0, 0.5
+GROWTH_SIGMAS = 2.0
 # a retraction whose final error is within this factor of the best one's is as accurate; the cheapest wins
 ACCURACY_TIE = 2.0
 # a format whose floor ||Q^T Q - I||_F exceeds this cannot resolve how well a retraction keeps Z orthonormal:
@@ -23,6 +27,28 @@ def measurable(row: dict) -> bool:
     """Whether the row's growth could be measured: a finite exponent with a finite error (too few recorded
     steps past sqrt(N) give neither, and a row that may grow like k^1 must not pass for bounded)."""
     return math.isfinite(row["growth_exponent"]) and math.isfinite(row["growth_exponent_err"])
+
+
+def growth_resolved(row: dict) -> bool:
+    """Whether the measured exponent tells bounded error from a random walk: below BOUNDED_GROWTH it must
+    exclude RANDOM_WALK, at or above it BOUNDED, at GROWTH_SIGMAS standard errors (a short run's +0.27 ± 0.14
+    is either)."""
+    g, err = row["growth_exponent"], row["growth_exponent_err"]
+    if g >= BOUNDED_GROWTH:
+        return g - GROWTH_SIGMAS * err > BOUNDED
+    return g + GROWTH_SIGMAS * err < RANDOM_WALK
+
+
+def unresolved_growth(row: dict) -> str | None:
+    """Why the row's growth cannot judge its retraction, or None where it can."""
+    if not measurable(row):
+        return ("growth exponent not measurable (too few recorded steps between sqrt(N) and "
+                f"N = {row['steps']}: give more steps)")
+    if not growth_resolved(row):
+        return (f"growth exponent {row['growth_exponent']:+.2f} ± {row['growth_exponent_err']:.2f} cannot tell "
+                f"bounded error ({BOUNDED:g}) from a random walk ({RANDOM_WALK:g}) at {GROWTH_SIGMAS:g} standard "
+                "errors: give more steps or seeds")
+    return None
 
 
 def own_breakdowns(row: dict) -> int:
@@ -56,7 +82,7 @@ def judge(row: dict) -> tuple[bool, str]:
         reasons.append(f"the retraction failed in {failed} steps (skipped)")
     if judgeable(row):
         g = row["growth_exponent"]
-        if math.isfinite(g) and g >= BOUNDED_GROWTH:
+        if unresolved_growth(row) is None and g >= BOUNDED_GROWTH:
             reasons.append(f"error grows like k^{g:.2f}: {row['error_over_floor']:.2g}x the floor at step {row['steps']}")
         if not math.isfinite(row["final_orthonormality"]):
             reasons.append("non-finite error")
@@ -88,8 +114,9 @@ def verdicts(rows: list[dict]) -> list[dict]:
     exponent >= BOUNDED_GROWTH). A row where a seed's run is no judgement of the retraction (it ended in a
     breakdown not its own, or T blew up under every retraction: summary.judge_cells) is not judged (listed in
     "not_judged"), neither for nor against it. A retraction is inconclusive, never
-    safe, when it is not unsafe but some judged row's growth could not be measured (too few recorded steps),
-    and not judged when no row of it can be. Among the safe ones its error is its worst final
+    safe, when it is not unsafe but some judged row's growth could not be measured (too few recorded steps)
+    or cannot tell bounded error from a random walk (growth_resolved); an unresolved exponent makes no
+    retraction unsafe either. It is not judged when no row of it can be. Among the safe ones its error is its worst final
     ||Z^T Z - I||_F / floor over its judged rows; the most accurate wins, unless a cheaper one is within
     ACCURACY_TIE of its error, in which case the cheapest of those wins.
     """
@@ -104,7 +131,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
         for ret, all_rs in by_ret.items():
             rs = [r for r in all_rs if judgeable(r)]
             bad = [(r, why) for r in all_rs for bad_, why in [judge(r)] if bad_]
-            unmeasured = [r for r in rs if not measurable(r)]
+            unmeasured = [r for r in rs if unresolved_growth(r)]
             if bad:
                 r, why = max(bad, key=lambda b: b[0]["growth_exponent"] if math.isfinite(b[0]["growth_exponent"])
                              else math.inf)
@@ -116,8 +143,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
             if unmeasured:
                 r = unmeasured[0]
                 at = f" ({r['adversary']})" if len({x['adversary'] for x in all_rs}) > 1 else ""
-                inconclusive.append({"retraction": ret, "why": "growth exponent not measurable (too few recorded "
-                                     f"steps between sqrt(N) and N = {r['steps']}: give more steps){at}"})
+                inconclusive.append({"retraction": ret, "why": unresolved_growth(r) + at})
             elif rs:
                 worst = max(rs, key=lambda r: r["error_over_floor"])
                 safe.append({"retraction": ret, "ratio": worst["error_over_floor"], "row": worst,
@@ -191,7 +217,7 @@ def verdict_lines(rows: list[dict]) -> list[str]:
             rec, why = "none", "every retraction tried is unsafe here"
         unsafe = "; ".join(f"{u['retraction']} ({u['why']})" for u in v["unsafe"]) or "none"
         if b and v["inconclusive"]:
-            why += "; not judged: " + "; ".join(f"{u['retraction']} ({u['why']})" for u in v["inconclusive"])
+            why += "; inconclusive: " + "; ".join(f"{u['retraction']} ({u['why']})" for u in v["inconclusive"])
         lines.append(f"| {v['precision']} | {rec} | {why} | {unsafe} | {not_judged_text(v['not_judged'])} |")
     return lines
 
