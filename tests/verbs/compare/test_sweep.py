@@ -191,11 +191,31 @@ def test_a_row_whose_growth_cannot_be_measured_is_inconclusive_never_recommended
     # a finite exponent without an error (no degrees of freedom left) is not measured either
     (v,) = sw.verdicts([{**_row("qr", "fp32", 1e-7, 0.0, 0.1), "growth_exponent_err": float("nan")}])
     assert v["best"] is None and v["inconclusive"]
-    # beside a measured safe retraction, the measured one is recommended and the other named as not judged
+    # beside a measured safe retraction, the measured one is recommended and the other named as inconclusive
     rows = [unmeasured, _row("qr", "fp32", 3e-7, 0.0, 1.0)]
     (v,) = sw.verdicts(rows)
     assert v["best"]["retraction"] == "qr"
-    assert "not judged: cayley-iter" in sw.verdict_lines(rows)[2]
+    assert "inconclusive: cayley-iter" in sw.verdict_lines(rows)[2]
+
+
+def test_a_growth_exponent_whose_standard_error_spans_both_models_is_inconclusive_neither_safe_nor_unsafe():
+    """A 100-step sharded cell measured cholqr2 at +0.27 ± 0.14 and named it unsafe ('grows like k^0.27'):
+    two standard errors reach 0, bounded error. Likewise +0.10 ± 0.25 reaches 0.5, a random walk."""
+    def row(ret, growth, err):
+        return {**_row(ret, "fp32", 3e-7, growth, 1.0), "growth_exponent_err": err}
+    for uncertain in (row("cholqr2", 0.27, 0.14), row("cholqr2", 0.10, 0.25)):
+        (v,) = sw.verdicts([uncertain, row("qr", 0.17, 0.09)])
+        assert not v["unsafe"] and v["best"]["retraction"] == "qr", v
+        assert [u["retraction"] for u in v["inconclusive"]] == ["cholqr2"]
+        assert "cannot tell bounded error (0) from a random walk (0.5)" in v["inconclusive"][0]["why"]
+        assert sw.judge(uncertain) == (False, "")
+    # resolved either way: the same exponents with small errors are judged as before
+    (v,) = sw.verdicts([row("cholqr2", 0.27, 0.05), row("qr", 0.10, 0.1)])
+    assert [u["retraction"] for u in v["unsafe"]] == ["cholqr2"] and v["best"]["retraction"] == "qr"
+    assert not v["inconclusive"]
+    # a retraction that fails by itself stays unsafe whatever its exponent's error
+    (v,) = sw.verdicts([{**row("cholqr2", 0.27, 0.14), "breakdowns": 1}])
+    assert [u["retraction"] for u in v["unsafe"]] == ["cholqr2"] and "Z broke down" in v["unsafe"][0]["why"]
 
 
 def test_a_grid_of_baselines_only_has_no_retraction_to_judge():
