@@ -175,14 +175,15 @@ class PitHead:
         an FP8 logits head too (its cast of Z on the device); a state some metric is undefined for is measured
         on the host.
         """
-        u, factor_u = self.policy.u, FORMATS[self.policy.factor].u
+        u, factor_u, solve_u = self.policy.u, FORMATS[self.policy.factor].u, self.policy.solve_u
         placed = self.policy.placement
         if self.arrays.name == "torch":
             try:
                 # the FP8 logits GEMM's head, when the policy puts one there (pitcheck.numerics.placement)
                 B = (device_metrics.memory_refused(self.quantisers.logits_head)(self.Z, self.arrays.numpy(self.L))
                      if placed and placed.logits else None)
-                return device_metrics.interface_metrics(self.Z, self.L, self._embedded(), u, factor_u, B=B)
+                return device_metrics.interface_metrics(self.Z, self.L, self._embedded(), u, factor_u, B=B,
+                                                        solve_u=solve_u)
             except PitcheckError:
                 pass  # the host form measures each part it can and says why the others are NaN
         Z, L = self.stored()
@@ -190,7 +191,7 @@ class PitHead:
         # the FP8 logits GEMM's head, when the policy puts one there (pitcheck.numerics.placement)
         B = self.quantisers.logits_head(Z, L) if placed and placed.logits else Z @ (L @ L.T)
         try:
-            return interface_metrics(Z, L, E, u, factor_u, B=B)
+            return interface_metrics(Z, L, E, u, factor_u, B=B, solve_u=solve_u)
         except PitcheckError:
             pass
         ids = sample_ids(Z.shape[0], 256)
@@ -200,7 +201,7 @@ class PitHead:
             (("orthonormality", "orthonormality_ratio"),
              lambda: {"orthonormality": orthonormality_loss(Z), "orthonormality_ratio": orthonormality_ratio(Z, u)}),
             (CONDITIONING, lambda: conditioning),
-            (TRISOLVE, lambda: trisolve_errors(Z, L, E[ids], ids, u, cond_T)),
+            (TRISOLVE, lambda: trisolve_errors(Z, L, E[ids], ids, solve_u, cond_T)),
             (HEAD, lambda: head_metrics(E, B)),
         ], conditioning.get("unmeasured", []))
 

@@ -130,11 +130,13 @@ def _all_finite(named: dict) -> None:
 
 
 @memory_refused
-def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None) -> dict:
+def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None,
+                      solve_u: float | None = None) -> dict:
     """metrics.interface_metrics of torch tensors Z, E (and B; default Z T) on their device, L anywhere."""
     Z = _float64(Z, "Z")
     E = _float64(E, "E", like=Z)
     L, u, factor_u = metrics.checked_settings(Z.shape, metrics.as_matrix(L, "L"), E.shape, u, factor_u, sample_rows)
+    solve_u = u if solve_u is None else metrics.unit_roundoff(solve_u, "solve_u")
     work = TorchWork(Z)
     if B is None:
         T = L @ L.T  # on the host in float64, as the numpy form forms it
@@ -143,7 +145,7 @@ def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_r
     if B.shape != E.shape:
         raise PitcheckError(f"shape mismatch: E and B are {tuple(E.shape)} and {tuple(B.shape)}")
     _all_finite({"Z": Z, "E": E, "B": B})
-    return metrics.checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows, work)
+    return metrics.checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows, work, solve_u=solve_u)
 
 
 @memory_refused

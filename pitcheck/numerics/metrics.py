@@ -483,18 +483,21 @@ def pinv_error(E: np.ndarray, B: np.ndarray) -> float:
     return _pinv_error(RangeSplit(E, B))
 
 
-def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None) -> dict:
+def interface_metrics(Z, L, E, u: float, factor_u: float | None = None, sample_rows: int = 256, B=None,
+                      solve_u: float | None = None) -> dict:
     """Every tracked metric for a PIT model: Z and L as stored, E the embedding rows as computed.
 
     u is the unit roundoff errors are reported in; factor_u (default u) that of the precision T would
-    be factorised in, which decides the Cholesky breakdown margin. B = W^T is the head as computed
-    (default Z T, exact from the stored Z and L; an FP8 logits GEMM's head differs).
+    be factorised in, which decides the Cholesky breakdown margin; solve_u (default u) that of the
+    solves' arithmetic and stored rows (Policy.solve_u), which the trisolve errors are judged in. B = W^T
+    is the head as computed (default Z T, exact from the stored Z and L; an FP8 logits GEMM's head differs).
     """
     Z, L, E = as_matrix(Z, "Z"), as_matrix(L, "L"), as_matrix(E, "E")
     L, u, factor_u = checked_settings(Z.shape, L, E.shape, u, factor_u, sample_rows)
+    solve_u = u if solve_u is None else unit_roundoff(solve_u, "solve_u")
     B = Z @ (L @ L.T) if B is None else as_matrix(B, "B")  # W^T = Z T
     _same_shape(E, B, "E and B")
-    return checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows)
+    return checked_interface_metrics(Z, L, E, B, u, factor_u, sample_rows, solve_u=solve_u)
 
 
 def checked_settings(Z_shape, L: np.ndarray, E_shape, u, factor_u, sample_rows) -> tuple:
@@ -510,13 +513,13 @@ def checked_settings(Z_shape, L: np.ndarray, E_shape, u, factor_u, sample_rows) 
 
 
 def checked_interface_metrics(Z, L: np.ndarray, E, B, u: float, factor_u: float, sample_rows: int,
-                              work=HOST) -> dict:
+                              work=HOST, solve_u: float | None = None) -> dict:
     """interface_metrics of checked arguments (finite, matching shapes, L a factor, u and factor_u unit
     roundoffs); Z, E and B where `work` computes (HostWork: numpy arrays), L on the host."""
     out = checked_orthonormality(Z, u, work)
     out.update(cholesky_conditioning(L, factor_u))
     ids = sample_ids(Z.shape[0], sample_rows)
-    out.update(_trisolve(work.rows(Z, ids), L, work.rows(E, ids), u, out["cond_T"], work))
+    out.update(_trisolve(work.rows(Z, ids), L, work.rows(E, ids), solve_u or u, out["cond_T"], work))
     out.update(checked_head_metrics(E, B, work))
     return out
 

@@ -38,6 +38,13 @@ class Policy:
         return max(FORMATS[self.storage].u, FORMATS[self.matmul].u, placed)
 
     @property
+    def solve_u(self) -> float:
+        """Unit roundoff of T's triangular solves: their arithmetic and the rows they store. A copy of Z or L in
+        an 8- or 4-bit format is their input, the same for both maps, and a coarser matmul or logits GEMM is
+        not in them: a solve's forward error is about cond(T) times this."""
+        return max(FORMATS[self.storage].u, FORMATS[self.factor].u)
+
+    @property
     def mixed(self) -> bool:
         return self.master != self.storage
 

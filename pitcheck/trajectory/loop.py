@@ -183,7 +183,7 @@ class Trajectory:
         row = self.pair.measure(self.step)
         self.rows = [r for r in self.rows if r["step"] < self.step] + [row]
         for event in row_events(row, self.crossed, metrics=METRIC_COLUMNS[1:], not_applicable=self.not_applicable,
-                                u=self.policy.u):
+                                u=self.policy.solve_u):
             self._event(self.step, event)
 
     def record(self) -> None:

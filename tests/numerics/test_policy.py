@@ -44,6 +44,19 @@ def test_policy_u_is_the_coarsest_of_storage_and_matmul():
     assert get_policy("tf32").u == FORMATS["tf32"].u != FORMATS[get_policy("tf32").storage].u
 
 
+def test_the_solves_unit_roundoff_is_their_arithmetic_and_stored_rows_not_a_coarser_matmul_or_placement():
+    """cond(T) times solve_u bounds the embedding solves' forward error: a tf32 matmul or an E4M3 logits GEMM is
+    not in them, so cond(T) = 2.3 is not beyond what an fp8-logits run's fp32 solves resolve (cond(T) times
+    E4M3's u passes 0.1 there, which named T 'blown up' in every such run)."""
+    fp32 = FORMATS["fp32"].u
+    for name in ("fp32", "tf32", "fp8-logits", "fp8-gathered-z", "fp8-store", "nvfp4-store", "fp8-adam"):
+        assert get_policy(name).solve_u == fp32, name
+    assert get_policy("tf32").solve_u < get_policy("tf32").u
+    assert get_policy("fp8-logits").solve_u * 2.3 < 0.1 < get_policy("fp8-logits").u * 2.3
+    for name in ("fp64", "bf16", "fp16", "bf16-mixed"):  # the rows stored in the half format, solved in fp32
+        assert get_policy(name).solve_u == get_policy(name).u == FORMATS[get_policy(name).storage].u
+
+
 def test_an_unknown_policy_is_a_pitcheck_error():
     with pytest.raises(PitcheckError):
         get_policy("fp8")

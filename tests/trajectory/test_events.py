@@ -201,3 +201,20 @@ def test_a_threshold_event_is_recorded_at_the_first_crossing_only(tmp_path):
     assert checked >= 3, [(m, [r[m] for r in rows]) for m in ("cond_T", "orthonormality")]
     levels_seen = [(e["metric"], e["level"]) for e in events]
     assert len(levels_seen) == len(set(levels_seen))
+
+
+def test_the_solves_are_judged_resolvable_in_their_own_precision_not_the_logits_gemms(tmp_path):
+    """An fp8-logits run's solves are fp32's: at cond(T) = 4 they are resolved (trisolve_forward near cond(T) u
+    of fp32), where cond(T) times E4M3's u (0.25) raised precision_cannot_resolve from the first row. A bf16
+    run at cond(T) = 50 (50 x 2^-8 > 0.1) still raises it."""
+    def unresolved_events(precision, cond, out):
+        cfg = RunConfig(vocab=64, dim=8, steps=3, backend="torch", precision=precision, retraction="qr",
+                        adversary="gaussian", lr=0.01, cond=cond, seed=0)
+        rows = run(cfg, out)
+        return rows, [e for e in read_events(out / "events.jsonl") if e["event"] == "precision_cannot_resolve"]
+
+    rows, events = unresolved_events("fp8-logits", 4.0, tmp_path / "fp8")
+    assert not events and rows[0]["cond_T"] > 3.0
+    assert 1e-3 < rows[0]["trisolve_forward_ratio"] < 30  # in fp32's u: a ratio that can fail
+    _, events = unresolved_events("bf16", 50.0, tmp_path / "bf16")
+    assert [e["bound"] for e in events] == [pytest.approx(50.0 * 2.0**-8, rel=0.05)]

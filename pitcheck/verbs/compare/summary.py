@@ -38,8 +38,9 @@ COST_COLUMNS = KEY_COLUMNS + ["ms_per_step", "ms_per_step_min", "ms_per_step_max
 T_PARTS = ("T", "L")
 # the reasons of T breakdowns in run directories written before breakdown events named their part
 T_BREAKDOWN = ("L's diagonal", "T = L L^T", "L has non-finite")
-# cond(T) u beyond which the precision no longer resolves T's solves (metrics' trisolve_resolved, the run's
-# precision_cannot_resolve event): a Z that breaks down after that broke down because T blew up
+# cond(T) u, u the solves' own (Policy.solve_u), beyond which the precision no longer resolves T's solves
+# (metrics' trisolve_resolved, the run's precision_cannot_resolve event): a Z that breaks down after that
+# broke down because T blew up
 RESOLVABLE_COND_U = 0.1
 FLOOR_SAMPLES = 3
 # breakdown_cause's answers: only CAUSE_OWN counts against the retraction
@@ -118,8 +119,8 @@ def judge_cells(all_cells: list[Cell], metrics: dict[str, list[dict]],
     that every one of them had is relabelled "every retraction"; and where T blew up under every one of them
     (T or L broke down, or cond(T) u passed RESOLVABLE_COND_U), none of those runs judges its retraction,
     even one that did not end. A run that ended in a breakdown not its own judges nothing either."""
-    # the same u as the run's precision_cannot_resolve event
-    u = {c.name: policy_named(c.config.precision).u for c in all_cells}
+    # the same u as the run's precision_cannot_resolve event: the solves'
+    u = {c.name: policy_named(c.config.precision).solve_u for c in all_cells}
     cause = {c.name: breakdown_cause(events[c.name], metrics[c.name], u[c.name]) for c in all_cells}
     blew = {n: cause[n] in (CAUSE_T, CAUSE_T_UNRESOLVED) or unresolved(metrics[n], u[n]) for n in cause}
     contexts: dict[tuple, list[str]] = {}

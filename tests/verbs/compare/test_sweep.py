@@ -430,3 +430,32 @@ def test_a_breakdown_of_t_is_not_blamed_on_the_retraction_nor_judged_for_it():
     (line,) = sw.t_instability_lines(rows)
     assert "T, not Z, is unstable under dense_output+sparse_input" in line and "1.5e+34" in line
     assert "in 1 of 3 runs" in line
+
+
+def test_runs_not_judged_because_z_broke_under_every_retraction_are_not_said_to_be_t_s():
+    """Z broke down under every retraction while cond(T) stayed at 1: the note said 'T, not Z, is unstable ...
+    cond(T) reached 1.0e+00'."""
+    rows = [_row("qr", "fp32", 1e-7, 0.0, 0.1), _row("cholqr2", "fp32", 1e-7, 0.0, 0.1)]
+    for r in rows:
+        r.update(breakdowns=1, breakdowns_T=0, breakdowns_own=0, not_judged=1, max_cond_T=1.0)
+    (line,) = sw.t_instability_lines(rows)
+    assert line.startswith("- Z broke down under every retraction under gaussian with sgd lr=0.01 in 2 of 6 runs")
+    assert "cond(T) stayed at most 1" in line and "T, not Z" not in line
+    # where T is what blew up, it is said so
+    rows[0].update(max_cond_T=1e9)
+    (line,) = sw.t_instability_lines(rows)
+    assert "T, not Z, is unstable under gaussian" in line and "1.0e+09" in line
+
+
+def test_an_fp8_logits_run_at_cond_2_is_not_one_where_t_blew_up():
+    """The logits GEMM's E4M3 is not in T's solves: the fp8 study's logits and gathered-Z placements were
+    all 'not judged (T blew up whichever the retraction)' at cond(T) = 2.3."""
+    from pitcheck.verbs.compare.summary import unresolved
+    from pitcheck.verbs.compare.verdict import t_blew_up
+
+    assert not t_blew_up({"max_cond_T": 2.3, "precision": "fp8-logits"})
+    assert t_blew_up({"max_cond_T": 2e6, "precision": "fp8-logits"})  # beyond fp32's solves
+    assert t_blew_up({"max_cond_T": 30.0, "precision": "bf16"})  # bf16 rows: 30 x 2^-8 > 0.1
+    from pitcheck.trajectory.plan import policy_named
+
+    assert not unresolved([{"step": 1, "cond_T": 2.3}], policy_named("fp8-logits").solve_u)
