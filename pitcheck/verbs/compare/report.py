@@ -117,7 +117,7 @@ def report_markdown(out: Path, grid: Grid, info: dict, plots: list[str]) -> str:
         f"exponent's {GROWTH_SIGMAS:g}-standard-error interval reaches both bounded error ({BOUNDED:g}) and a random "
         f"walk ({RANDOM_WALK:g}), is inconclusive, never safe nor unsafe for its growth), the most accurate (final ||Z^T Z - I||_F against the storage floor, worst "
         f"judged row), or the cheapest of those within {ACCURACY_TIE:g}x of it. A breakdown counts against a "
-        f"retraction only when it is its own: Z broke down (not T or its factor L) while cond(T) u was still "
+        f"retraction only when it is its own: Z broke down (not T or its factor L) while cond(T) u (u of T's solves) was still "
         f"below {RESOLVABLE_COND_U:g}, and not in a precision, gradient model and seed where every retraction "
         "broke down. A row where a run ended in any other breakdown is not judged, neither for the retraction "
         "nor against it, and neither is a row where T blew up (T or L broke down, or cond(T) u passed "
