@@ -102,6 +102,13 @@ def _holds_checkpoint_to_resume(store: RunDir, config: RunConfig, resume: bool, 
         store.clear()
         return False
     names = store.foreign_files()
+    if names and resume:
+        study = (store.path / "cells").is_dir() and (store.path / "grid.json").is_file()
+        hint = (f": it is a compare study, which `pitcheck compare --out {store.path}` resumes (one of its cells: "
+                f"`pitcheck run --resume --out {store.path}/cells/NAME` with that cell's options)" if study else
+                ": give --out the directory of the run to continue")
+        raise PitcheckError(f"{store.path} holds no pitcheck run to resume ({', '.join(names[:3])}"
+                            f"{', ...' if len(names) > 3 else ''}){hint}")
     if names:
         raise PitcheckError(f"{store.path} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
                             " and holds no pitcheck run: choose a new or empty directory, or pass --force to "

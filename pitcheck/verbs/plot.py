@@ -112,6 +112,10 @@ def palette(n: int) -> list[dict]:
             for k in range(n)]
 
 
+# what `pitcheck plot` draws when no --metrics is given
+DEFAULT_METRICS = ("orthonormality", "pinv_drift", "trisolve_forward")
+
+
 def read_runs(run_dirs: list[Path | str], metrics: list[str]) -> list[tuple[str, dict | None, list[dict]]]:
     """(directory name, label fields or None, metrics rows) of each run; a one-line reason if one is not a run."""
     runs = []
@@ -181,14 +185,26 @@ def _markevery(n: int) -> int:
     return max(1, math.ceil(n / 12))
 
 
-def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str], dpi: int = DEFAULT_DPI,
-              fmt: str | None = None) -> Path:
+def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str] | None = None,
+              dpi: int = DEFAULT_DPI, fmt: str | None = None) -> Path:
     """Any metrics of any runs against step, one panel per metric, a line per run; a PNG, SVG or PDF file
-    as `fmt` (default: out_png's suffix) says, at `dpi`."""
+    as `fmt` (default: out_png's suffix) says, at `dpi`. metrics None: those of DEFAULT_METRICS that some run
+    records (a stress target's run has no triangular-solve column)."""
     out_png = check_out_file(out_png, "--out") if fmt else check_figure_path(out_png)
+    if metrics is None:
+        metrics = recorded_defaults(run_dirs)
     runs, lacking = checked_runs(run_dirs, metrics)
     plt = pyplot()
     return save_figure(plt, draw_runs(plt, runs, metrics, lacking), Path(out_png), dpi=dpi, fmt=fmt)
+
+
+def recorded_defaults(run_dirs: list[Path | str]) -> list[str]:
+    """The DEFAULT_METRICS some run records (a column with a finite value in one of them); all of them where
+    none does, for checked_runs to say why."""
+    runs = read_runs(run_dirs, [])
+    kept = [m for m in DEFAULT_METRICS
+            if any(m in rows[0] and not np.isnan([r[m] for r in rows]).all() for _, _, rows in runs)]
+    return kept or list(DEFAULT_METRICS)
 
 
 def checked_runs(run_dirs: list[Path | str], metrics: list[str]):

@@ -227,6 +227,21 @@ def test_fresh_run_into_a_directory_of_another_run_or_other_files(tmp_path, caps
     fails(capsys, ["run", *TINY, "--force", "--resume", "--out", str(other)], "give one of them")
 
 
+def test_resuming_a_directory_that_holds_no_run_says_what_to_resume_instead(tmp_path, capsys):
+    # --force would not help: what --resume lacks is a run, and a compare study is resumed by compare
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    fails(capsys, ["run", *TINY, "--resume", "--out", str(other)], "holds no pitcheck run to resume (notes.txt): "
+          "give --out the directory of the run to continue")
+    study = tmp_path / "study"
+    (study / "cells").mkdir(parents=True)
+    (study / "grid.json").write_text("{}")
+    fails(capsys, ["run", *TINY, "--resume", "--out", str(study)], f"it is a compare study, which `pitcheck compare "
+          f"--out {study}` resumes")
+    assert sorted(p.name for p in study.iterdir()) == ["cells", "grid.json"] and (other / "notes.txt").read_text() == "mine"
+
+
 # ---- numerical breakdown: a clean end with the last good state --------------------------------------
 def test_huge_lr_breaks_down_cleanly_and_stays_broken(tmp_path, capsys):
     d = tmp_path / "run"
