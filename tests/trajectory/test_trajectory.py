@@ -98,6 +98,25 @@ def test_resume_refuses_a_different_config_and_overwrite_refuses(tmp_path):
     assert rows[-1]["step"] == 20
 
 
+def test_an_extended_run_has_a_fresh_runs_values_at_every_step_both_record(tmp_path):
+    """The rows up to the old length follow its schedule (and keep its last step); those after, the new
+    length's: the steps recorded differ from a fresh run's where a length is not a power of ten, the values at
+    a step both record do not."""
+    cfg = RunConfig(vocab=32, dim=4, steps=100, adversary="gaussian", retraction="qr", seed=3)
+    run(cfg, tmp_path / "extended")
+    run(replace(cfg, steps=300), tmp_path / "extended", resume=True)
+    run(replace(cfg, steps=300), tmp_path / "fresh")
+    extended, fresh = ({r["step"]: r for r in read_metrics(tmp_path / d / "metrics.csv")} for d in ("extended", "fresh"))
+    assert sorted(extended) == sorted({*recorded_steps(100, cfg.records_per_decade),
+                                       *(s for s in recorded_steps(300, cfg.records_per_decade) if s > 100)})
+    assert sorted(fresh) == recorded_steps(300, cfg.records_per_decade) != sorted(extended)
+    common = set(extended) & set(fresh)
+    assert len(common) > 10 and {100, 300} <= set(extended)
+    for step in common:
+        for key, value in fresh[step].items():
+            assert extended[step][key] == value or (value != value and extended[step][key] != extended[step][key]), (step, key)
+
+
 def test_nonfinite_gradients_are_recorded_and_skipped(tmp_path):
     cfg = RunConfig(vocab=100, dim=4, steps=200, adversary="nonfinite", retraction="qr")
     rows = run(cfg, tmp_path)
