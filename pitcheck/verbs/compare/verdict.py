@@ -39,8 +39,21 @@ def growth_resolved(row: dict) -> bool:
     return g + GROWTH_SIGMAS * err < RANDOM_WALK
 
 
+def copy_hides_master(row: dict) -> bool:
+    """Whether the row's Z, as the model computes with it, is an 8- or 4-bit copy of the master the retraction
+    keeps, with the error at that copy's floor: the copy's rounding then hides the master's drift (Cayley's
+    k^0.5 in fp32 reads +0.01 under an E4M3 copy)."""
+    placement = policy_named(row["precision"]).placement
+    return (bool(placement and placement.z_copy) and row["error_over_floor"] < ACCURACY_TIE
+            and not row["growth_exponent"] >= BOUNDED_GROWTH)  # a growth that shows through it is judged
+
+
 def unresolved_growth(row: dict) -> str | None:
     """Why the row's growth cannot judge its retraction, or None where it can."""
+    if copy_hides_master(row):
+        master = policy_named(row["precision"]).master
+        return (f"error {row['error_over_floor']:.2g}x the floor of Z's 8- or 4-bit copy, whose rounding hides the "
+                f"{master} master's drift: its growth is judged in {master}")
     if not measurable(row):
         return ("growth exponent not measurable (too few recorded steps between sqrt(N) and "
                 f"N = {row['steps']}: give more steps)")

@@ -176,8 +176,9 @@ def test_a_format_whose_floor_exceeds_a_tenth_gets_no_recommendation():
     assert v["best"] is None and v["unresolved"] and [u["retraction"] for u in v["unsafe"]] == ["cayley"]
     line = sw.verdict_lines(rows)[2]
     assert "inconclusive: the format's floor 0.29 > 0.1" in line and "**" not in line
-    # at a floor of 0.09 (MXFP8-stored Z) the question is resolved
-    (v,) = sw.verdicts([_row("qr", "mxfp8-store", 0.09, 0.0, 1.0, floor=0.093)])
+    # at a floor of 0.09 (MXFP8-stored Z) an error above the floor is resolved (at it, the copy hides the master:
+    # test_a_z_copy_at_its_floor_hides_the_masters_drift_and_recommends_nothing)
+    (v,) = sw.verdicts([_row("qr", "mxfp8-store", 0.3, 0.0, 1.0, floor=0.093)])
     assert v["best"]["retraction"] == "qr"
 
 
@@ -459,3 +460,23 @@ def test_an_fp8_logits_run_at_cond_2_is_not_one_where_t_blew_up():
     from pitcheck.trajectory.plan import policy_named
 
     assert not unresolved([{"step": 1, "cond_T": 2.3}], policy_named("fp8-logits").solve_u)
+
+
+def test_a_z_copy_at_its_floor_hides_the_masters_drift_and_recommends_nothing():
+    """FP8 gathered-Z and stored copies: every retraction sat at 0.98x the E4M3 copy's floor, and Cayley,
+    which grows like k^0.5 in fp32 on the same master, was recommended as the cheapest of a tie."""
+    at_floor = [_row(r, "fp8-gathered-z", 7.9e-2, 0.01, ms, floor=8.1e-2) for r, ms in (("qr", 7.4), ("cayley", 5.2))]
+    (v,) = sw.verdicts(at_floor)
+    assert v["best"] is None and not v["unsafe"]
+    assert [u["retraction"] for u in v["inconclusive"]] == ["qr", "cayley"]
+    assert "hides the fp32 master's drift" in v["inconclusive"][0]["why"]
+    line = sw.verdict_lines(at_floor)[2]
+    assert "inconclusive: no retraction was shown safe" in line and "**" not in line
+    # above the copy's floor the error is the master's: judged; and a growth that shows through is unsafe
+    (v,) = sw.verdicts([_row("qr", "fp8-gathered-z", 4e-1, 0.01, 7.4, floor=8.1e-2)])
+    assert v["best"]["retraction"] == "qr"
+    (v,) = sw.verdicts([_row("cayley", "fp8-gathered-z", 9e-2, 0.5, 5.2, floor=8.1e-2)])
+    assert [u["retraction"] for u in v["unsafe"]] == ["cayley"]
+    # an FP8 logits GEMM keeps no copy of Z: at 1x its floor a retraction is as good as the format allows
+    (v,) = sw.verdicts([_row("qr", "fp8-logits", 8e-8, 0.01, 1.0, floor=7.6e-8)])
+    assert v["best"]["retraction"] == "qr"
