@@ -52,7 +52,7 @@ def unresolved_growth(row: dict) -> str | None:
     """Why the row's growth cannot judge its retraction, or None where it can."""
     if copy_hides_master(row):
         master = policy_named(row["precision"]).master
-        return (f"error {row['error_over_floor']:.2g}x the floor of Z's 8- or 4-bit copy, whose rounding hides the "
+        return (f"error within {ACCURACY_TIE:g}x the floor of Z's 8- or 4-bit copy, whose rounding hides the "
                 f"{master} master's drift: its growth is judged in {master}")
     if not measurable(row):
         return ("growth exponent not measurable (too few recorded steps between sqrt(N) and "
@@ -233,8 +233,7 @@ def verdict_lines(rows: list[dict]) -> list[str]:
         elif not v["judged"]:
             rec, why = "none", "no retraction to judge: only the baseline heads (tied, untied), which have none"
         elif v["inconclusive"]:
-            rec, why = "none", ("inconclusive: no retraction was shown safe; "
-                                + "; ".join(f"{u['retraction']}: {u['why']}" for u in v["inconclusive"]))
+            rec, why = "none", "inconclusive: no retraction was shown safe; " + grouped(v["inconclusive"])
         elif v["not_judged"] and not v["unsafe"]:
             rec, why = "none", f"no row could be judged ({NOT_JUDGED})"
         elif v["not_judged"]:
@@ -243,9 +242,17 @@ def verdict_lines(rows: list[dict]) -> list[str]:
             rec, why = "none", "every retraction tried is unsafe here"
         unsafe = "; ".join(f"{u['retraction']} ({u['why']})" for u in v["unsafe"]) or "none"
         if b and v["inconclusive"]:
-            why += "; inconclusive: " + "; ".join(f"{u['retraction']} ({u['why']})" for u in v["inconclusive"])
+            why += "; inconclusive: " + grouped(v["inconclusive"])
         lines.append(f"| {v['precision']} | {rec} | {why} | {unsafe} | {not_judged_text(v['not_judged'])} |")
     return lines
+
+
+def grouped(entries: list[dict]) -> str:
+    """Retractions with their reasons, those that share one named together before it."""
+    reasons: dict[str, list[str]] = {}
+    for e in entries:
+        reasons.setdefault(e["why"], []).append(e["retraction"])
+    return "; ".join(f"{', '.join(rets)}: {why}" for why, rets in reasons.items())
 
 
 def not_judged_text(entries: list[dict]) -> str:
