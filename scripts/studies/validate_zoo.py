@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/validate")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from tests.zoo import CAUGHT_BY, NOT_SHOWN, OPTIONAL
+    from tests.zoo import CAUGHT_BY, CAUGHT_IN, NOT_SHOWN, OPTIONAL
     out = Path(args.out)
     (out / "json").mkdir(parents=True, exist_ok=True)
     names = zoo_names()
@@ -67,7 +67,8 @@ def main(argv=None) -> int:
                    "inconclusive": "-", "ratio": None, "threshold": None, "wall": 0.0,
                    "reason": f"skipped: needs {missing[name]}, not installed"}
         else:
-            row = validate_one(dtype, name, args, out, CAUGHT_BY)
+            caught_by = {**CAUGHT_BY, **{n: check for (d, n), (check, _) in CAUGHT_IN.items() if d == dtype}}
+            row = validate_one(dtype, name, args, out, caught_by)
         with lock:
             rows.append(row)
             status = "skipped" if row["exit"] is None else f"exit {row['exit']}"
@@ -138,6 +139,12 @@ def write_summary(out: Path, args, rows: list[dict], not_shown: dict) -> list[st
     if shown:
         lines += ["", "Broken modules that pass, and why: " + "; ".join(
             f"{name} in {dtype}: {not_shown[dtype, name]}" for dtype, name in shown) + "."]
+    from tests.zoo import CAUGHT_IN
+    elsewhere = [(r["dtype"], r["target"]) for r in rows if (r["dtype"], r["target"]) in CAUGHT_IN]
+    if elsewhere:
+        lines += ["", "Broken modules caught by another check than the one meant for them, and why: " + "; ".join(
+            f"{name} in {dtype} by {CAUGHT_IN[dtype, name][0]}: {CAUGHT_IN[dtype, name][1]}"
+            for dtype, name in elsewhere) + "."]
     skipped = [f"{r['dtype']} {r['target']} ({r['reason']})" for r in rows if r["exit"] is None]
     if skipped:
         lines += ["", "Skipped: " + "; ".join(skipped) + "."]
