@@ -124,15 +124,23 @@ def read_runs(run_dirs: list[Path | str], metrics: list[str]) -> list[tuple[str,
         if not path.is_file():
             raise PitcheckError(f"{d} is not a run directory (no metrics.csv)")
         rows = read_metrics(path)
-        missing = [m for m in metrics if m not in (rows[0] if rows else {})]
-        if not rows or missing:
-            raise PitcheckError(f"{path} has {'no rows' if not rows else 'no column ' + ', '.join(missing)}")
+        if not rows:
+            raise PitcheckError(f"{path} has no rows")
         try:
             fields = run_fields(read_manifest(Path(d) / MANIFEST))
         except (PitcheckError, KeyError, TypeError, ValueError):  # no manifest, or not one this pitcheck reads
             fields = None
         runs.append((Path(d).resolve().name or str(d), fields, rows))
+    require_columns(run_dirs, runs, metrics)
     return runs
+
+
+def require_columns(run_dirs: list[Path | str], runs: list[tuple], metrics: list[str]) -> None:
+    """A one-line reason if a run's metrics.csv lacks one of these columns."""
+    for d, (_, _, rows) in zip(run_dirs, runs):
+        missing = [m for m in metrics if m not in rows[0]]
+        if missing:
+            raise PitcheckError(f"{Path(d) / 'metrics.csv'} has no column {', '.join(missing)}")
 
 
 def draw_runs(plt, runs: list[tuple[str, dict | None, list[dict]]], metrics: list[str],
@@ -191,30 +199,34 @@ def plot_runs(run_dirs: list[Path | str], out_png: Path | str, metrics: list[str
     as `fmt` (default: out_png's suffix) says, at `dpi`. metrics None: those of DEFAULT_METRICS that some run
     records (a stress target's run has no triangular-solve column)."""
     out_png = check_out_file(out_png, "--out") if fmt else check_figure_path(out_png)
+    read = None
     if metrics is None:
-        metrics = recorded_defaults(run_dirs)
-    runs, lacking = checked_runs(run_dirs, metrics)
+        read = read_runs(run_dirs, [])
+        metrics = recorded_defaults(read)
+    runs, lacking = checked_runs(run_dirs, metrics, read)
     plt = pyplot()
     return save_figure(plt, draw_runs(plt, runs, metrics, lacking), Path(out_png), dpi=dpi, fmt=fmt)
 
 
-def recorded_defaults(run_dirs: list[Path | str]) -> list[str]:
-    """The DEFAULT_METRICS some run records (a column with a finite value in one of them); all of them where
-    none does, for checked_runs to say why."""
-    runs = read_runs(run_dirs, [])
+def recorded_defaults(runs: list[tuple]) -> list[str]:
+    """The DEFAULT_METRICS some of these runs (read_runs) records (a column with a finite value in one of
+    them); all of them where none does, for checked_runs to say why."""
     kept = [m for m in DEFAULT_METRICS
             if any(m in rows[0] and not np.isnan([r[m] for r in rows]).all() for _, _, rows in runs)]
     return kept or list(DEFAULT_METRICS)
 
 
-def checked_runs(run_dirs: list[Path | str], metrics: list[str]):
-    """The runs (read_runs) and, per metric, the runs (indices) that do not record it; a one-line reason if a metric is
-    unknown or no run records it."""
+def checked_runs(run_dirs: list[Path | str], metrics: list[str], runs: list[tuple] | None = None):
+    """The runs (read_runs, or these, already read) and, per metric, the runs (indices) that do not record it; a
+    one-line reason if a metric is unknown or no run records it."""
     unknown = [m for m in metrics if m not in METRIC_COLUMNS[1:]]
     if not metrics or unknown:
         raise PitcheckError(f"unknown metric {', '.join(unknown) or '(none given)'}; "
                             f"choose from {', '.join(METRIC_COLUMNS[1:])}")
-    runs = read_runs(run_dirs, metrics)
+    if runs is None:
+        runs = read_runs(run_dirs, metrics)
+    else:
+        require_columns(run_dirs, runs, metrics)
     # a metric a run does not record (a baseline head has no T, a numpy run no shadow) is all NaN there
     lacking = {m: [k for k, (_, _, rows) in enumerate(runs) if np.isnan([r[m] for r in rows]).all()] for m in metrics}
     empty = [m for m in metrics if len(lacking[m]) == len(runs)]

@@ -50,10 +50,11 @@ def test_a_plot_written_to_stdout_is_the_image_alone(runs, tmp_path, fmt, end):
 def test_the_default_metrics_are_those_the_runs_record(runs, tmp_path):
     """A baseline head (or a stress target's run) has no triangular solve: with no --metrics given, its plot
     leaves trisolve_forward out, where it was refused with 'leave it out of --metrics' though none was given."""
-    from pitcheck.verbs.plot import recorded_defaults
+    from pitcheck.verbs.plot import read_runs, recorded_defaults
 
-    assert recorded_defaults([runs / "tied"]) == ["orthonormality", "pinv_drift"]
-    assert recorded_defaults([runs / "tied", runs / "pit"]) == ["orthonormality", "pinv_drift", "trisolve_forward"]
+    assert recorded_defaults(read_runs([runs / "tied"], [])) == ["orthonormality", "pinv_drift"]
+    assert recorded_defaults(read_runs([runs / "tied", runs / "pit"], [])) == ["orthonormality", "pinv_drift",
+                                                                              "trisolve_forward"]
     assert plot_runs([runs / "tied"], tmp_path / "p.png").is_file()
     # named explicitly, a metric no run records is still refused
     with pytest.raises(PitcheckError, match="no run given records trisolve_forward"):
