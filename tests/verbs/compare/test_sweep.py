@@ -481,3 +481,21 @@ def test_a_z_copy_at_its_floor_hides_the_masters_drift_and_recommends_nothing():
     # an FP8 logits GEMM keeps no copy of Z: at 1x its floor a retraction is as good as the format allows
     (v,) = sw.verdicts([_row("qr", "fp8-logits", 8e-8, 0.01, 1.0, floor=7.6e-8)])
     assert v["best"]["retraction"] == "qr"
+
+
+def test_judge_cells_reads_t_as_resolvable_by_the_solves_precision():
+    """Two retractions of an fp8-logits grid at cond(T) 2.3: judged (E4M3's u would call T blown up under both
+    and judge neither); the same in bf16 at cond(T) 30 is not judged."""
+    from types import SimpleNamespace
+
+    from pitcheck.verbs.compare.summary import judge_cells
+
+    def cells(precision):
+        return [SimpleNamespace(name=r, group=(r, precision, "gaussian"), config=SimpleNamespace(precision=precision,
+                seed=0)) for r in ("qr", "cholqr2")]
+
+    for precision, cond, judged in (("fp8-logits", 2.3, True), ("bf16", 30.0, False)):
+        cs = cells(precision)
+        rows = {c.name: [{"step": 0, "cond_T": 1.0}, {"step": 10, "cond_T": cond}] for c in cs}
+        out = judge_cells(cs, rows, {c.name: [] for c in cs})
+        assert out == {c.name: (None, not judged) for c in cs}, (precision, out)
