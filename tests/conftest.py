@@ -6,11 +6,12 @@ import pytest
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False,
-                     help="also run the tests marked slow (the 200-kill fault injections)")
+                     help="also run the tests marked slow (the 200-kill fault injections, the full mutation run, "
+                          "full-size certificates)")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: long fault-injection runs; skipped unless --runslow or -m slow")
+    config.addinivalue_line("markers", "slow: minutes-long runs kept out of CI; skipped unless --runslow or -m slow")
     # a runner started in the background of a script (`cmd &`) ignores SIGINT and every child inherits that;
     # the Ctrl-C tests need children that take SIGINT as a terminal's foreground job does (a Python handler,
     # unlike SIG_IGN, is not inherited: children start with the default)

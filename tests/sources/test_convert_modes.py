@@ -207,6 +207,24 @@ def test_modes_are_refused_by_name_and_scale():
         convert_table(E0, "keep-embedding-scaled", -1.0)
 
 
+
+def test_a_scaled_mode_from_its_unscaled_conversion_is_that_conversion_bit_for_bit():
+    """in_mode: keep-embedding-scaled from keep-embedding's conversion (no second SVD) is convert_table's."""
+    from dataclasses import fields
+
+    from pitcheck.sources.pretrained.conversion import in_mode
+
+    E0 = table()
+    direct, derived = convert_table(E0, "keep-embedding-scaled", SCALE), in_mode(convert_table(E0),
+                                                                                  "keep-embedding-scaled", SCALE)
+    for f in fields(Conversion):
+        a, b = getattr(direct, f.name), getattr(derived, f.name)
+        assert (np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b), f.name
+    with pytest.raises(PitcheckError, match="takes T = H\\^1, not keep-embedding's H\\^-1"):
+        in_mode(convert_table(E0), "keep-head")
+    with pytest.raises(PitcheckError, match="needs its logit scale"):
+        in_mode(convert_table(E0), "keep-embedding-scaled")
+
 # ---- the logit scale: a deterministic 1-D minimisation ------------------------------------------------------
 
 def _logits(n=400, v=50, true_scale=4.0, seed=1):

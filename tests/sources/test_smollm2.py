@@ -86,9 +86,10 @@ def test_batches_depend_on_seed_and_step_alone(tokens):
 
 
 def test_two_step_smoke_and_resume(smollm2, tmp_path):
-    """PIT-qr for 2 steps in one go equals 1 step, then the run extended to 2 from its checkpoint (to the bit)."""
+    """PIT-qr for 2 steps in one go equals 1 step, then the run extended to 2 from its checkpoint (to the bit).
+    A checkpoint (every parameter and both Adam moments, 1.6 GB) is written where each run ends: three in all."""
     options = dict(head="pit", retraction="qr", seq_len=8, sequences=2, eval_sequences=2, record_every=2,
-                   checkpoint_every=1, lr=1e-4)
+                   checkpoint_every=2, lr=1e-4)
     whole = continued(tmp_path / "whole", ContinuedConfig(steps=2, **options), model=fresh(smollm2),
                       conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
     assert [r["step"] for r in whole] == [0, 2]
@@ -107,6 +108,7 @@ def test_two_step_smoke_and_resume(smollm2, tmp_path):
                   conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
 
 
+@pytest.mark.slow  # 30 s a mode; every mode's certificate on a synthetic table: tests/sources/test_convert_modes.py
 @pytest.mark.parametrize("mode", ["keep-head", "balanced", "sqrt"])
 def test_each_modes_certificate_at_full_size(smollm2, mode):
     """keep-head's W = E0^T, balanced's and sqrt's W E = I: each judged figure passes in float64 at 49152 x 576."""
@@ -123,8 +125,9 @@ def test_scaled_mode_fits_its_scale_on_held_out_text_and_records_its_certificate
     (on evaluation windows it was not fitted on), and the run's manifest holds the certificate with s."""
     options = dict(head="pit", seq_len=8, sequences=2, eval_sequences=2, record_every=1, checkpoint_every=1)
     plain = continued(tmp_path / "plain", ContinuedConfig(steps=0, **options), model=fresh(smollm2),
-                      E0=smollm2["E0"], progress=False)
-    scaled = continued(tmp_path / "scaled", ContinuedConfig(steps=1, mode="keep-embedding-scaled", **options),
+                      conversion=smollm2["conversion"], E0=smollm2["E0"], progress=False)
+    # the run converts E0 and fits s itself; step 0 holds all this test reads (no step, no checkpoint)
+    scaled = continued(tmp_path / "scaled", ContinuedConfig(steps=0, mode="keep-embedding-scaled", **options),
                        model=fresh(smollm2), E0=smollm2["E0"], progress=False)
     assert scaled[0]["heldout_loss"] < plain[0]["heldout_loss"] - 1
     cert = json.loads((tmp_path / "scaled" / "manifest.json").read_text())["conversion"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +104,15 @@ def convert_table(E0: np.ndarray, mode: str = DEFAULT_MODE, scale: float | None 
                       svd_residual=float(np.linalg.norm(E0 - (P * s) @ Qt) / np.linalg.norm(E0)),
                       p_orthonormality=float(np.linalg.norm(P.T @ P - eye)),
                       q_orthonormality=float(np.linalg.norm(Q.T @ Q - eye)), mode=mode, scale=scale)
+
+
+def in_mode(conv: Conversion, mode: str, scale: float | None = None) -> Conversion:
+    """`conv` in another mode of the same power (keep-embedding and keep-embedding-scaled), scale given:
+    the same Z and L, so the same bits as convert_table(E0, mode, scale), without a second SVD of E0."""
+    if get_mode(mode).power != get_mode(conv.mode).power:
+        raise PitcheckError(f"mode {mode} takes T = H^{get_mode(mode).power:g}, not {conv.mode}'s "
+                            f"H^{get_mode(conv.mode).power:g}: convert the table in {mode}")
+    return replace(conv, mode=mode, scale=check_scale(mode, scale))
 
 
 def converted_bytes(conv: Conversion, dtype: str = "float32") -> bytes:

@@ -148,7 +148,10 @@ def verdicts(rows: list[dict]) -> list[dict]:
             if bad:
                 r, why = max(bad, key=lambda b: b[0]["growth_exponent"] if math.isfinite(b[0]["growth_exponent"])
                              else math.inf)
-                at = f" ({r['adversary']})" if len({x['adversary'] for x in all_rs}) > 1 else ""
+                # the worst row, and how many of the retraction's rows are unsafe, so that one named row is
+                # not read as the only one
+                at = f" ({where(r, prow)}" if len(all_rs) > 1 else ""
+                at += f"; unsafe in {len(bad)} of its {len(all_rs)} rows)" if len(bad) > 1 else (")" if at else "")
                 unsafe.append({"retraction": ret, "why": why + at})
                 continue
             unjudged += [{"retraction": ret, "where": where(r, prow), "seeds": r["seeds"], "of": not_judged(r)}

@@ -92,14 +92,15 @@ def interface(model: BodyWithHead) -> dict:
 def convert_for(config: ContinuedConfig, E0: np.ndarray, model):
     """E0's conversion in the config's mode; a scaled mode's logit scale fitted on the held-out calibration
     windows with the model as it is (call it before any training)."""
-    from ...sources.pretrained.conversion import convert_table
+    from ...sources.pretrained.conversion import convert_table, in_mode
 
     if not get_mode(config.mode).scaled:
         return convert_table(E0, config.mode)
     from .calibrate import fit_scale
 
-    fitted = fit_scale(convert_table(E0), model, seq_len=config.seq_len, eval_sequences=config.eval_sequences)
-    return convert_table(E0, config.mode, fitted["scale"])
+    unscaled = convert_table(E0)
+    fitted = fit_scale(unscaled, model, seq_len=config.seq_len, eval_sequences=config.eval_sequences)
+    return in_mode(unscaled, config.mode, fitted["scale"])
 
 
 class Trainer:

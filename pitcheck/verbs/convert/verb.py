@@ -8,7 +8,7 @@ from ...infra.errors import PitcheckError
 from ...infra.progress import Progress
 from ...infra.rundir import check_out_path
 from ...sources.pretrained.certificate import CERTIFIED_DTYPES, certify
-from ...sources.pretrained.conversion import DEFAULT_MODE, convert_table, get_mode, write_conversion
+from ...sources.pretrained.conversion import DEFAULT_MODE, convert_table, get_mode, in_mode, write_conversion
 from ...trajectory.teacher import SMOLLM2, load_teacher
 
 
@@ -31,10 +31,13 @@ def convert(teacher: str, out: Path | str, dtypes=CERTIFIED_DTYPES, out_dtype: s
     if fit:
         from .calibrate import fit_scale
 
-        fitted = fit_scale(convert_table(E0))
+        unscaled = convert_table(E0)
+        fitted = fit_scale(unscaled)
         scale = fitted["scale"]
         bar.advance(f"logit scale {scale:.4g}")
-    conv = convert_table(E0, mode, scale)
+        conv = in_mode(unscaled, mode, scale)
+    else:
+        conv = convert_table(E0, mode, scale)
     bar.advance("converted")
     cert = certify(E0, conv, dtypes, source=teacher, progress=lambda d: bar.advance(f"certifying {d}"))
     if fitted is not None:

@@ -219,6 +219,24 @@ def test_a_growth_exponent_whose_standard_error_spans_both_models_is_inconclusiv
     assert [u["retraction"] for u in v["unsafe"]] == ["cholqr2"] and "Z broke down" in v["unsafe"][0]["why"]
 
 
+def test_an_unsafe_retraction_names_its_worst_row_and_how_many_rows_are_unsafe():
+    """cayley grows under two gradient models: its reason named only the worst one's, which read as if the
+    other were safe. It now names the worst row by every axis that varies and counts its unsafe rows."""
+    def row(ret, adversary, growth, optimizer="sgd"):
+        return {**_row(ret, "fp32", 3e-7, growth, 1.0), "adversary": adversary, "optimizer": optimizer}
+    rows = [row("cayley", "gaussian", 0.55), row("cayley", "spike", 0.6), row("cayley", "lm_mix", 0.0),
+            row("qr", "gaussian", 0.0), row("qr", "spike", 0.0), row("qr", "lm_mix", 0.0)]
+    (v,) = sw.verdicts(rows)
+    assert [u["retraction"] for u in v["unsafe"]] == ["cayley"] and v["best"]["retraction"] == "qr"
+    assert v["unsafe"][0]["why"] == "error grows like k^0.60: 3x the floor at step 1000 (spike; unsafe in 2 of its 3 rows)"
+    # one unsafe row: named alone, by the optimizer too where the optimizers differ
+    rows = [row("cayley", "gaussian", 0.0), row("cayley", "gaussian", 0.6, "adam"), row("qr", "gaussian", 0.0)]
+    (v,) = sw.verdicts(rows)
+    assert v["unsafe"][0]["why"] == "error grows like k^0.60: 3x the floor at step 1000 (gaussian, adam)"
+    # a retraction with a single row is not told where
+    (v,) = sw.verdicts([row("cayley", "gaussian", 0.6), row("qr", "gaussian", 0.0)])
+    assert v["unsafe"][0]["why"] == "error grows like k^0.60: 3x the floor at step 1000"
+
 def test_a_grid_of_baselines_only_has_no_retraction_to_judge():
     rows = [{**_row("-", "fp32", 1e-7, 0.0, 0.1), "head": h} for h in ("tied", "untied")]
     line = sw.verdict_lines(rows)[2]
