@@ -150,9 +150,10 @@ def verdicts(rows: list[dict]) -> list[dict]:
                              else math.inf)
                 # the worst row, and how many of the retraction's rows are unsafe, so that one named row is
                 # not read as the only one
-                at = f" ({where(r, prow)}" if len(all_rs) > 1 else ""
-                at += f"; unsafe in {len(bad)} of its {len(all_rs)} rows)" if len(bad) > 1 else (")" if at else "")
-                unsafe.append({"retraction": ret, "why": why + at})
+                at = where(r, prow) if len(all_rs) > 1 else ""
+                if len(bad) > 1:
+                    at += f"; unsafe in {len(bad)} of its {len(all_rs)} rows"
+                unsafe.append({"retraction": ret, "why": why + (f" ({at})" if at else "")})
                 continue
             unjudged += [{"retraction": ret, "where": where(r, prow), "seeds": r["seeds"], "of": not_judged(r)}
                          for r in all_rs if not judgeable(r)]
