@@ -15,7 +15,8 @@
 # CUDA against the CPU; the counter-based normals and the float64 factorisations on CUDA; a whole 500-step run at
 # 32768 x 512 timed as a user starts it; the deferred checks' tests run in `tests`), grid (`pitcheck bench --grid
 # --device cuda`: the default compare grid's torch cells on the GPU one after another, beside the CPU pool's
-# wall for the same cells, and which finishes first). Each section has its own time limit (LIMIT below), so one that hangs
+# wall for the same cells, and which finishes first), segment (a 1000-step run at 49152 x 576 as a user starts it, the
+# measured segment a 10^5-step run is estimated from; then one draw of normals on the host, unfused and fused on CUDA). Each section has its own time limit (LIMIT below), so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
 # treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
 # own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
@@ -30,7 +31,7 @@ header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
 # each section's time limit in seconds (validate: two runs of half each); a lent machine's call is cut at
 # CALL_LIMIT, so the sections named in one call should sum below it
 declare -A LIMIT=([tests]=180 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
-                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300 [grid]=200)
+                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300 [grid]=200 [segment]=120)
 CALL_LIMIT=${CALL_LIMIT:-600}
 # zoo: validations at once (each its own process and CUDA context) and each one's own limit
 ZOO_JOBS=${ZOO_JOBS:-8}
@@ -108,20 +109,32 @@ runloop() {
   # the host's numpy gradient stream, then the counter stream drawn on the GPU (--gradient-stream counter)
   timeout -k 10 70 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 \
       --no-peers --retractions qr,cholqr2,polar --rounds 2 --json "$OUT/bench_cuda.json" 2>&1 | tail -45
-  timeout -k 10 90 $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --shape 32768x512 --shape 49152x576 \
+  timeout -k 10 95 $PY -m pitcheck.cli bench --device cuda --shape 32768x512 --shape 49152x576 \
       --no-peers --retractions qr,cholqr2 --rounds 2 --gradient-stream counter --json "$OUT/bench_cuda_counter.json" 2>&1 | tail -30
-  timeout -k 10 45 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
+  timeout -k 10 40 $PY scripts/measurements/device_accuracy.py --shape 32768x512 --out "$OUT/device_accuracy.json" 2>&1 | tail -15
   timeout -k 10 40 $PY "${PYTEST[@]}" --junitxml="$OUT/runloop_tests.xml" tests/numerics/test_counter_normal.py \
-      tests/numerics/test_factors_float64.py tests/model/test_counter_stream.py tests/numerics/test_device_metrics.py 2>&1 | tail -10
+      tests/numerics/test_counter_normal_fused.py tests/numerics/test_factors_float64.py tests/model/test_counter_stream.py tests/numerics/test_device_metrics.py 2>&1 | tail -10
   # a whole run as a user starts it: 32768 x 512 fp32 cholqr2, the float64 shadow, the default records, its
   # checks deferred (on by default on CUDA); wall time of 500 steps with its records and commits (start-up included)
   rm -rf /tmp/runloop-whole
   local t0
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   timeout -k 10 50 $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --retraction cholqr2 \
       --vocab 32768 --dim 512 --steps 500 --gradient-stream counter --out /tmp/runloop-whole --no-progress 2>&1 | tail -5
-  echo "whole run rc ${PIPESTATUS[0]} wall $(echo "$(date +%s.%N) - $t0" | bc) s (500 steps; records and commits included)"
+  echo "whole run rc ${PIPESTATUS[0]} wall $(( ($(date +%s%N) - t0) / 1000000 )) ms (500 steps; records and commits included)"
   tail -2 /tmp/runloop-whole/metrics.csv 2>/dev/null | cut -c1-120
+}
+segment() {
+  header "a 1000-step segment at 49152 x 576 fp32 cholqr2, shadow and default records, timed as a user starts it"
+  rm -rf /tmp/runloop-segment
+  local t0
+  t0=$(date +%s%N)
+  timeout -k 10 $(( LIMIT[segment] - 30 )) $PY -m pitcheck.cli run --backend torch --device cuda --precision fp32 --retraction cholqr2 \
+      --vocab 49152 --dim 576 --steps 1000 --gradient-stream counter --out /tmp/runloop-segment --no-progress 2>&1 | tail -5
+  echo "segment rc ${PIPESTATUS[0]} wall $(( ($(date +%s%N) - t0) / 1000000 )) ms (1000 steps; records and commits included)"
+  tail -2 /tmp/runloop-segment/metrics.csv 2>/dev/null | cut -c1-120
+  # one draw of normals: numpy on the host, counter_normal unfused (a kernel an operation) and fused (one Triton kernel)
+  timeout -k 10 30 $PY scripts/measurements/counter_normal_timing.py 3 2>&1 | tail -12
 }
 grid() {
   header "the default grid's torch cells on CUDA against the CPU pool (bench --grid --device cuda)"
@@ -134,7 +147,7 @@ SECTIONS=("$@")
 TOTAL=0
 for name in "${SECTIONS[@]}"; do
   case $name in
-    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo|runloop|grid) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
+    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo|runloop|grid|segment) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
     *) echo "unknown section $name" >&2; exit 2 ;;
   esac
 done

@@ -1,7 +1,7 @@
 """One draw of standard normals from pitcheck.numerics.counter_normal (Philox4x32-10 in torch int64) against
 numpy's default_rng([seed, step, index]).standard_normal of the same shape (the host stream a step draws
 today), at 32768 x 512 and 2048 x 64: on the CPU with one thread and with all of torch's threads, and on
-CUDA where there is one (torch.cuda.synchronize around each draw). Median over REPEATS draws (after one
+CUDA where there is one, unfused and as one Triton kernel (torch.cuda.synchronize around each draw). Median over REPEATS draws (after one
 warm-up) of wall time, and of the process's CPU time on the CPU (on a shared machine wall times swing with
 the load; CPU time at one thread much less).
 
@@ -39,8 +39,8 @@ def numpy_draw(shape):
     return lambda: np.random.default_rng([SEED, STEP, INDEX]).standard_normal(shape)
 
 
-def torch_draw(shape, device="cpu"):
-    return lambda: normals(shape, SEED, STEP, INDEX, device=device)
+def torch_draw(shape, device="cpu", fused=None):
+    return lambda: normals(shape, SEED, STEP, INDEX, device=device, fused=fused)
 
 
 def main():
@@ -56,9 +56,14 @@ def main():
         for threads in sorted({1, cores}):
             with limited_threads(threads):
                 rows.append(("counter_normal cpu", threads, *timed(torch_draw(shape), repeats)))
-        if torch.cuda.is_available():
-            wall, _ = timed(torch_draw(shape, "cuda"), repeats, torch.cuda.synchronize)
-            rows.append((f"counter_normal {torch.cuda.get_device_name()}"[:30], "-", wall, float("nan")))
+        if torch.cuda.is_available():  # a torch kernel an operation, then the one-kernel form (where Triton is)
+            for fused, label_ in ((False, "unfused"), (True, "fused")):
+                try:
+                    wall, _ = timed(torch_draw(shape, "cuda", fused), repeats, torch.cuda.synchronize)
+                except Exception as exc:  # no Triton there: say so in the table
+                    print(f"{label:>12} counter_normal cuda {label_}: {type(exc).__name__}: {exc}"[:200])
+                    continue
+                rows.append((f"cuda {label_} {torch.cuda.get_device_name()}"[:30], "-", wall, float("nan")))
         for name, threads, wall, cpu in rows:
             print(f"{label:>12} {name:>30} {threads:>7} {wall * 1e3:9.1f} {cpu * 1e3:9.1f} {base / wall:8.2f}",
                   flush=True)

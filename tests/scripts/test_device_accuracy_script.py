@@ -41,7 +41,8 @@ def test_gpu_check_runloop_section_fits_its_limit():
     body = re.search(r"^runloop\(\) \{\n(.*?)^\}", (ROOT / "scripts/gpu_check.sh").read_text(), re.S | re.M).group(1)
     limits = [int(n) for n in re.findall(r"timeout -k 10 (\d+) ", body)]
     assert len(limits) == 5 and sum(limits) <= 300  # one call of at most 5 minutes
-    assert "--gradient-stream counter" in body and "--device cuda" in body and "device_accuracy.py" in body and "test_counter_normal.py" in body
+    assert "--gradient-stream counter" in body and "--device cuda" in body and "device_accuracy.py" in body
+    assert "test_counter_normal.py" in body and "test_counter_normal_fused.py" in body
 
 
 def test_gpu_check_grid_section_costs_the_grid_on_cuda_within_its_limit():
@@ -55,3 +56,18 @@ def test_gpu_check_grid_section_costs_the_grid_on_cuda_within_its_limit():
     assert dry.returncode == 0 and "grid 200 s" in dry.stdout, dry.stdout + dry.stderr
     body = re.search(r"^grid\(\) \{\n(.*?)^\}", (ROOT / "scripts/gpu_check.sh").read_text(), re.S | re.M).group(1)
     assert "--grid" in body and "--device cuda" in body and "${LIMIT[grid]}" in body
+
+
+def test_gpu_check_segment_section_runs_the_smollm2_shape_and_times_the_draws_within_its_limit():
+    """The segment section is planned on the dry path with its limit: a 1000-step run at 49152 x 576 on CUDA, then
+    the normals' timing, whose limits add up to the section's."""
+    import os
+    import re
+    import subprocess
+
+    dry = subprocess.run(["bash", "scripts/gpu_check.sh", "segment"], cwd=ROOT, env={**os.environ, "DRY": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "segment 120 s" in dry.stdout, dry.stdout + dry.stderr
+    body = re.search(r"^segment\(\) \{\n(.*?)^\}", (ROOT / "scripts/gpu_check.sh").read_text(), re.S | re.M).group(1)
+    assert "--vocab 49152 --dim 576 --steps 1000" in body and "--device cuda" in body
+    assert "$(( LIMIT[segment] - 30 ))" in body and "timeout -k 10 30 " in body and "counter_normal_timing.py" in body
