@@ -16,7 +16,9 @@
 # 32768 x 512 timed as a user starts it; the deferred checks' tests run in `tests`), grid (`pitcheck bench --grid
 # --device cuda`: the default compare grid's torch cells on the GPU one after another, beside the CPU pool's
 # wall for the same cells, and which finishes first), segment (a 1000-step run at 49152 x 576 as a user starts it, the
-# measured segment a 10^5-step run is estimated from; then one draw of normals on the host, unfused and fused on CUDA). Each section has its own time limit (LIMIT below), so one that hangs
+# measured segment a 10^5-step run is estimated from; then one draw of normals on the host, unfused and fused on CUDA),
+# profile (scripts/measurements/gpu_run_profile.py: a model step, a whole run step, a metrics row and a commit at
+# 32768 x 512 under torch.profiler, their kernel time against their wall and their launches a step). Each section has its own time limit (LIMIT below), so one that hangs
 # costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
 # treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
 # own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
@@ -31,7 +33,7 @@ header() { echo; echo "== $1 (t=$(( $(date +%s) - START )) s)"; }
 # each section's time limit in seconds (validate: two runs of half each); a lent machine's call is cut at
 # CALL_LIMIT, so the sections named in one call should sum below it
 declare -A LIMIT=([tests]=180 [float8]=70 [runs]=100 [bench]=110 [step]=150 [validate]=100 [nccl]=45 [compare]=120
-                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300 [grid]=200 [segment]=120)
+                  [f8tests]=45 [batched]=170 [zoo]=300 [runloop]=300 [grid]=200 [segment]=120 [profile]=60)
 CALL_LIMIT=${CALL_LIMIT:-600}
 # zoo: validations at once (each its own process and CUDA context) and each one's own limit
 ZOO_JOBS=${ZOO_JOBS:-8}
@@ -136,6 +138,11 @@ segment() {
   # one draw of normals: numpy on the host, counter_normal unfused (a kernel an operation) and fused (one Triton kernel)
   timeout -k 10 30 $PY scripts/measurements/counter_normal_timing.py 3 2>&1 | tail -12
 }
+profile() {
+  header "where a run step's time goes at 32768 x 512 (torch.profiler: kernel time, host time, launches a step)"
+  timeout -k 10 ${LIMIT[profile]} $PY scripts/measurements/gpu_run_profile.py --shape 32768x512 --steps 10 --rows 10 \
+      --out "$OUT/run_profile.json" 2>&1 | grep -v USDT | head -120
+}
 grid() {
   header "the default grid's torch cells on CUDA against the CPU pool (bench --grid --device cuda)"
   timeout -k 10 ${LIMIT[grid]} $PY -m pitcheck.cli bench --device cuda --shape 8192x128 --no-peers --no-steps \
@@ -147,7 +154,7 @@ SECTIONS=("$@")
 TOTAL=0
 for name in "${SECTIONS[@]}"; do
   case $name in
-    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo|runloop|grid|segment) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
+    tests|float8|runs|bench|step|validate|nccl|compare|f8tests|batched|zoo|runloop|grid|segment|profile) TOTAL=$(( TOTAL + LIMIT[$name] )) ;;
     *) echo "unknown section $name" >&2; exit 2 ;;
   esac
 done

@@ -71,3 +71,20 @@ def test_gpu_check_segment_section_runs_the_smollm2_shape_and_times_the_draws_wi
     body = re.search(r"^segment\(\) \{\n(.*?)^\}", (ROOT / "scripts/gpu_check.sh").read_text(), re.S | re.M).group(1)
     assert "--vocab 49152 --dim 576 --steps 1000" in body and "--device cuda" in body
     assert "$(( LIMIT[segment] - 30 ))" in body and "timeout -k 10 30 " in body and "counter_normal_timing.py" in body
+
+
+def test_the_run_profile_script_profiles_each_part_on_cpu_tensors(tmp_path):
+    """scripts/measurements/gpu_run_profile.py (gpu_check.sh's profile section) runs on CPU tensors at a small shape
+    and writes each part's wall, kernel time and busiest ops."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, "scripts/measurements/gpu_run_profile.py", "--shape", "256x16", "--steps", "1",
+                           "--rows", "3", "--device", "cpu", "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    parts = json.loads(out.read_text())["parts"]
+    assert list(parts) == ["step:cholqr2", "step:qr", "run step:cholqr2", "metrics row", "commit"]
+    for part in parts.values():
+        assert part["wall_ms"] > 0 and part["kernel_ms"] == 0 and len(part["top_cpu"]) == 3
