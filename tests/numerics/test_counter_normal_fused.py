@@ -90,6 +90,8 @@ def test_the_kernel_under_triton_s_interpreter_is_the_unfused_draw_bit_for_bit()
             a = cn.normals(shape, seed, step, index, rows=rows, fused=True)
             b = cn.normals(shape, seed, step, index, rows=rows, fused=False)
             assert torch.equal(a.view(torch.int64), b.view(torch.int64)), (shape, seed, step, index, rows)
+        from pitcheck.numerics import counter_normal_fused as fused
+        assert fused.agrees("cpu")  # normals' cases and blocks past 2^32
         print("same bits")
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
