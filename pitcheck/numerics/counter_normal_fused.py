@@ -6,9 +6,11 @@ about 12 ms at an H200's 4 TB/s, half the model's measured step there (23 ms). T
 
 Why it keeps the bits: Philox is integer arithmetic (here a 64-bit product of 32-bit words, exact), and the
 float64 stage is the same sequence of IEEE-rounded +, -, *, / as counter_normal's, on constants Triton makes at
-float64 (a Python float beside a float64 tensor becomes a float64 constant). The one thing a compiler may
-change is contracting a multiply and an add into an FMA: every launch passes enable_fp_fusion=False. And it is
-checked, not assumed: `ready(device)` draws a small irregular sample both ways once per process and device and
+float64 (in arithmetic a Python float beside a float64 tensor becomes a float64 constant; in a comparison it
+would be rounded to float32 first, so the one compared constant is made float64 explicitly). The compiler may
+contract a multiply and an add into an FMA: every launch passes enable_fp_fusion=False. The compiled PTX is
+checked without a GPU (tests/numerics/test_counter_normal_fused.py: no FMA, IEEE division, every constant's exact
+float64 literal), and on a GPU the bits are checked, not assumed: `ready(device)` draws a small irregular sample both ways once per process and device and
 uses the kernel only if every bit agrees (else a warning, and the unfused draw).
 """
 from __future__ import annotations
@@ -94,7 +96,7 @@ if triton is not None:
         bits = u.to(tl.int64, bitcast=True)
         e = ((bits >> 52) & 0x7FF) - 1023
         m = ((bits & 0xFFFFFFFFFFFFF) | 0x3FF0000000000000).to(tl.float64, bitcast=True)
-        big = m > SQRT2
+        big = m > tl.full([], SQRT2, tl.float64)  # a comparison would round a bare float constant to float32
         m = tl.where(big, m * 0.5, m)
         ef = (e + big.to(tl.int64)).to(tl.float64)
         f = m - 1.0

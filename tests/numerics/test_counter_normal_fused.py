@@ -97,3 +97,52 @@ def test_the_kernel_under_triton_s_interpreter_is_the_unfused_draw_bit_for_bit()
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-2000:]
+
+
+def _ptx(fusion: bool) -> str:
+    """The kernel compiled for a Hopper GPU (sm_90) as a launch compiles it: Triton builds PTX without a GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = dict(fused._CONSTANTS, BLOCK=fused.BLOCK)
+    signature = {name: "i64" for name in ("first", "count", "start", "stop", "seed", "index", "step_lo", "step_hi")}
+    signature = {"out": "*fp64", **signature, **{name: "constexpr" for name in consts}}
+    kernel = triton.compile(ASTSource(fn=fused.draw, signature=signature, constexprs=consts),
+                            target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion})
+    return kernel.asm["ptx"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_the_compiled_kernel_rounds_as_the_unfused_draw_does():
+    """The kernel's PTX (what the interpreter cannot show): no multiply-add contracted, IEEE division, nothing in
+    float32, and each of counter_normal's constants as its exact float64 literal, in arithmetic and comparisons
+    alike (Triton rounds a bare Python float to float32 in a comparison). With fusion left on, the same source
+    does contract: the launch's enable_fp_fusion=False is what keeps the bits."""
+    import re
+    import struct
+
+    ptx = _ptx(fusion=False)
+    assert not re.search(r"\bfma\.\w+\.f64", ptx) and not re.search(r"\.f32\b|\b0f[0-9A-F]{8}\b", ptx)
+    divisions = re.findall(r"\bdiv\.(\w+)\.f64", ptx)
+    assert divisions and set(divisions) == {"rn"}
+    floats = {name: v for name, v in fused._CONSTANTS.items() if isinstance(v, float) and v not in (0.5, 1.0, 2.0)}
+    literal = lambda x: "0d" + struct.pack(">d", x).hex().upper()  # noqa: E731
+    assert [name for name, v in floats.items() if literal(v) not in ptx and literal(-v) not in ptx] == []
+    assert re.search(r"\bfma\.rn\.f64", _ptx(fusion=True))
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_every_launch_turns_fusion_off_and_passes_the_constants_the_ptx_was_checked_with(monkeypatch):
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, args, kwargs))
+
+    monkeypatch.setattr(fused, "draw", Kernel())
+    fused.draw_into(torch.empty(7, dtype=torch.float64), 3, 10, 5, 2**40 + 9, 6)
+    (grid, args, kwargs), = launches
+    assert kwargs.pop("enable_fp_fusion") is False and kwargs.pop("BLOCK") == fused.BLOCK
+    assert kwargs == fused._CONSTANTS
+    assert args[1:] == (1, 4, 3, 10, 5, 6, 9, 2**8) and grid == (1,)  # blocks 1..4 hold elements 3..9
