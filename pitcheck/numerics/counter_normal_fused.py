@@ -2,7 +2,8 @@
 
 Why: counter_normal runs each integer and float64 operation as its own torch kernel, so a V x D draw reads and
 writes its temporaries about 260 times (that many torch operations a draw): some 50 GB for a 32768 x 512 draw,
-about 12 ms at an H200's 4 TB/s, half the model's measured step there (23 ms). This kernel does the same operations on registers and writes each normal once.
+about 12 ms at an H200's 4 TB/s, half the model's measured step there (23 ms). This kernel does the same
+operations on registers and writes each normal once.
 
 Why it keeps the bits: Philox is integer arithmetic (here a 64-bit product of 32-bit words, exact), and the
 float64 stage is the same sequence of IEEE-rounded +, -, *, / as counter_normal's, on constants Triton makes at
@@ -10,8 +11,9 @@ float64 (in arithmetic a Python float beside a float64 tensor becomes a float64 
 would be rounded to float32 first, so the one compared constant is made float64 explicitly). The compiler may
 contract a multiply and an add into an FMA: every launch passes enable_fp_fusion=False. The compiled PTX is
 checked without a GPU (tests/numerics/test_counter_normal_fused.py: no FMA, IEEE division, every constant's exact
-float64 literal), and on a GPU the bits are checked, not assumed: `ready(device)` draws a small irregular sample both ways once per process and device and
-uses the kernel only if every bit agrees (else a warning, and the unfused draw).
+float64 literal), and on a GPU the bits are checked, not assumed: `ready(device)` draws irregular samples (4M
+normals among them) both ways once per process and device and uses the kernel only if every bit agrees (else a
+warning, and the unfused draw).
 """
 from __future__ import annotations
 
@@ -168,6 +170,8 @@ def agrees(device, draw=None) -> bool:
     draw = draw or _through_normals
     cases = [((37, 29), 2**31 + 5, 2**40 + 3, 7, None), ((256, 256), 1, 2, 3, None), ((1001, 3), 0, 0, 0, (17, 400)),
              ((5,), 9, 1, 2**32 - 1, None), ((64, 64), 2**32 - 1, 2**64 - 1, 3, (1, 63))]
+    if torch.device(device).type == "cuda":  # milliseconds there; minutes under the interpreter
+        cases.append(((4096, 1024), 11, 2**20 + 1, 12, None))
     for shape, seed, step, index, rows in cases:
         got = draw(shape, seed, step, index, device=device, rows=rows)
         want = _unfused(shape, seed, step, index, device, rows)
