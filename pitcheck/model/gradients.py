@@ -220,7 +220,7 @@ def _factor_gradient(GT, L):
 
 def _counter_gaussian(shapes, seed, step, key, device):
     """gaussian's counter form: N(0, 1/n) entries as in _gaussian, from counter normals."""
-    from ..numerics.counter_normal import normals  # deferred: it imports torch
+    from ..numerics.counter_normal_fused import normals  # deferred: it imports torch (and Triton where there is one)
 
     return tuple(normals(shape, seed, step, key(part), device=device) / math.sqrt(math.prod(shape))
                  for part, shape in enumerate(shapes))

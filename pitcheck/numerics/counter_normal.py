@@ -210,21 +210,11 @@ def _row_range(rows, n_rows: int) -> tuple[int, int]:
     return start, max(start, stop)
 
 
-def _fused(device: torch.device, fused) -> bool:
-    if fused is not None:
-        return bool(fused)
-    if device.type != "cuda":  # the kernel is for a GPU's memory traffic; on the CPU the passes are cache-sized
-        return False
-    from .counter_normal_fused import ready  # deferred: it imports Triton
-
-    return ready(device)
-
-
-def normals(shape, seed: int, step: int, index: int, *, device="cpu", rows=None, fused=None) -> torch.Tensor:
+def normals(shape, seed: int, step: int, index: int, *, device="cpu", rows=None, fill=None) -> torch.Tensor:
     """Standard normals of stream (seed, step, index) over `shape`, float64 on `device`; `rows` (a slice of
     step 1 or a (start, stop) pair over shape[0]) draws only those rows, the same bits as the full draw's.
-    `fused`: draw with counter_normal_fused's one-kernel form (True), with a torch kernel an operation (False),
-    or (None) the kernel on CUDA where its bits were checked against the unfused draw's, else unfused.
+    `fill(out, start, stop, seed, step, index)`, where given, writes elements start .. stop - 1 into `out` in
+    place of the passes here (counter_normal_fused.normals hands its one-kernel form in on CUDA).
 
     seed and index are 32-bit words (Philox's key), step a 64-bit counter. The same arguments give the same
     bits at any thread count and in the numpy reference (tests/numerics/test_counter_normal.py), and by construction on
@@ -243,10 +233,8 @@ def normals(shape, seed: int, step: int, index: int, *, device="cpu", rows=None,
         r0, r1 = _row_range(rows, dims[0])
         start, stop, out_dims = r0 * width, r1 * width, (r1 - r0, *dims[1:])
     out = torch.empty(stop - start, dtype=torch.float64, device=device)
-    if _fused(device, fused):
-        from .counter_normal_fused import draw_into
-
-        draw_into(out, start, stop, seed, step, index)
+    if fill is not None:
+        fill(out, start, stop, seed, step, index)
         return out.reshape(out_dims)
     chunk = CHUNK_BLOCKS.get(device.type, CHUNK_BLOCKS["cuda"])
     first, last = start // 2, (stop + 1) // 2  # the blocks holding elements start .. stop - 1

@@ -37,29 +37,21 @@ except ImportError:  # ready() says why, once, and the unfused draw serves
 
 if triton is not None:
     @triton.jit
-    def horner9(z, c0: tl.constexpr, c1: tl.constexpr, c2: tl.constexpr, c3: tl.constexpr, c4: tl.constexpr,
-                c5: tl.constexpr, c6: tl.constexpr, c7: tl.constexpr, c8: tl.constexpr):
-        p = z * c8 + c7
-        p = p * z + c6
-        p = p * z + c5
-        p = p * z + c4
-        p = p * z + c3
-        p = p * z + c2
-        p = p * z + c1
-        p = p * z + c0
-        return p
-
-    @triton.jit
     def horner8(z, c0: tl.constexpr, c1: tl.constexpr, c2: tl.constexpr, c3: tl.constexpr, c4: tl.constexpr,
                 c5: tl.constexpr, c6: tl.constexpr, c7: tl.constexpr):
+        """c0 + z c1 + ... + z^7 c7 by Horner's rule, counter_normal._horner's operations in its order."""
         p = z * c7 + c6
         p = p * z + c5
         p = p * z + c4
         p = p * z + c3
         p = p * z + c2
         p = p * z + c1
-        p = p * z + c0
-        return p
+        return p * z + c0
+
+    @triton.jit
+    def horner9(z, c0: tl.constexpr, c1: tl.constexpr, c2: tl.constexpr, c3: tl.constexpr, c4: tl.constexpr,
+                c5: tl.constexpr, c6: tl.constexpr, c7: tl.constexpr, c8: tl.constexpr):
+        return horner8(z, c1, c2, c3, c4, c5, c6, c7, c8) * z + c0  # the same operations as nine in one loop
 
     @triton.jit(do_not_specialize=["first", "count", "start", "stop", "seed", "index", "step_lo", "step_hi"])
     def draw(out, first, count, start, stop, seed, index, step_lo, step_hi, BLOCK: tl.constexpr,
@@ -155,12 +147,19 @@ def draw_into(out: torch.Tensor, start: int, stop: int, seed: int, step: int, in
                    enable_fp_fusion=False, **_CONSTANTS)
 
 
+def normals(shape, seed: int, step: int, index: int, *, device="cpu", rows=None, fused=None) -> torch.Tensor:
+    """counter_normal.normals, drawn by this kernel where `fused` says (None: on CUDA where `ready`), else by
+    counter_normal's passes: the same bits either way."""
+    use = ready(torch.device(device)) if fused is None else fused
+    return cn.normals(shape, seed, step, index, device=device, rows=rows, fill=draw_into if use else None)
+
+
 def _unfused(shape, seed, step, index, device, rows=None):
-    return cn.normals(shape, seed, step, index, device=device, rows=rows, fused=False)
+    return cn.normals(shape, seed, step, index, device=device, rows=rows)
 
 
 def _through_normals(*args, **kwargs):
-    return cn.normals(*args, **kwargs, fused=True)
+    return normals(*args, **kwargs, fused=True)
 
 
 def agrees(device, draw=None) -> bool:

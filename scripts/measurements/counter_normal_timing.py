@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pitcheck.infra.threads import available_cores, limited_threads
-from pitcheck.numerics.counter_normal import normals
+from pitcheck.numerics.counter_normal_fused import normals
 
 SHAPES = [(32768, 512), (2048, 64)]
 SEED, STEP, INDEX = 1, 2, 3

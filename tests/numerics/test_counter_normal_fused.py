@@ -27,7 +27,7 @@ def same_bits(a, b) -> bool:
 
 
 def test_agrees_accepts_the_unfused_draw_and_refuses_one_a_bit_off():
-    unfused = lambda *a, **k: cn.normals(*a, **k, fused=False)  # noqa: E731
+    unfused = cn.normals
 
     def one_bit_off(*a, **k):
         z = unfused(*a, **k)
@@ -41,7 +41,7 @@ def test_agrees_accepts_the_unfused_draw_and_refuses_one_a_bit_off():
 
 def test_the_cpu_draws_unfused_and_never_imports_the_kernel_check():
     fused._READY.clear()
-    cn.normals((4, 4), 1, 2, 3)
+    assert same_bits(fused.normals((4, 4), 1, 2, 3), cn.normals((4, 4), 1, 2, 3))
     assert fused._READY == {} and not fused.ready(torch.device("cpu"))
 
 
@@ -69,15 +69,15 @@ def test_the_environment_switch_turns_the_kernel_off(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA and Triton")
 @pytest.mark.parametrize("shape,seed,step,index,rows", CASES)
 def test_the_cuda_kernel_is_the_unfused_draw_bit_for_bit(shape, seed, step, index, rows):
-    got = cn.normals(shape, seed, step, index, device="cuda", rows=rows, fused=True)
-    assert same_bits(got, cn.normals(shape, seed, step, index, device="cuda", rows=rows, fused=False))
+    got = fused.normals(shape, seed, step, index, device="cuda", rows=rows, fused=True)
+    assert same_bits(got, cn.normals(shape, seed, step, index, device="cuda", rows=rows))
     assert same_bits(got, cn.normals(shape, seed, step, index, rows=rows))  # the CPU's draw
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA and Triton")
 def test_normals_on_cuda_picks_the_checked_kernel():
     fused._READY.clear()
-    cn.normals((8, 8), 0, 0, 0, device="cuda")
+    fused.normals((8, 8), 0, 0, 0, device="cuda")
     assert fused._READY == {"cuda:0": True} or fused._READY == {"cuda": True}
 
 
@@ -85,12 +85,11 @@ def test_normals_on_cuda_picks_the_checked_kernel():
 def test_the_kernel_under_triton_s_interpreter_is_the_unfused_draw_bit_for_bit():
     script = textwrap.dedent(f"""
         import torch
-        from pitcheck.numerics import counter_normal as cn
+        from pitcheck.numerics import counter_normal as cn, counter_normal_fused as fused
         for shape, seed, step, index, rows in {CASES!r}:
-            a = cn.normals(shape, seed, step, index, rows=rows, fused=True)
-            b = cn.normals(shape, seed, step, index, rows=rows, fused=False)
+            a = fused.normals(shape, seed, step, index, rows=rows, fused=True)
+            b = cn.normals(shape, seed, step, index, rows=rows)
             assert torch.equal(a.view(torch.int64), b.view(torch.int64)), (shape, seed, step, index, rows)
-        from pitcheck.numerics import counter_normal_fused as fused
         assert fused.agrees("cpu")  # normals' cases and blocks past 2^32
         print("same bits")
     """)
