@@ -233,14 +233,17 @@ def normals(shape, seed: int, step: int, index: int, *, device="cpu", rows=None,
         r0, r1 = _row_range(rows, dims[0])
         start, stop, out_dims = r0 * width, r1 * width, (r1 - r0, *dims[1:])
     out = torch.empty(stop - start, dtype=torch.float64, device=device)
-    if fill is not None:
-        fill(out, start, stop, seed, step, index)
-        return out.reshape(out_dims)
-    chunk = CHUNK_BLOCKS.get(device.type, CHUNK_BLOCKS["cuda"])
+    (fill or fill_by_passes)(out, start, stop, seed, step, index)
+    return out.reshape(out_dims)
+
+
+def fill_by_passes(out: torch.Tensor, start: int, stop: int, seed: int, step: int, index: int) -> None:
+    """Elements start .. stop - 1 of stream (seed, step, index) into `out` (float64, stop - start elements on
+    the draw's device), a torch kernel an operation over passes of CHUNK_BLOCKS blocks."""
+    chunk = CHUNK_BLOCKS.get(out.device.type, CHUNK_BLOCKS["cuda"])
     first, last = start // 2, (stop + 1) // 2  # the blocks holding elements start .. stop - 1
     for b0 in range(first, last, chunk):
         b1 = min(b0 + chunk, last)
-        z = box_muller(block_words(b0, b1 - b0, seed, step, index, device=device))
+        z = box_muller(block_words(b0, b1 - b0, seed, step, index, device=out.device))
         lo, hi = max(start, 2 * b0), min(stop, 2 * b1)
         out[lo - start:hi - start] = z[lo - 2 * b0:hi - 2 * b0]
-    return out.reshape(out_dims)

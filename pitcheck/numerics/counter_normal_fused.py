@@ -26,6 +26,7 @@ import torch
 from . import counter_normal as cn
 
 BLOCK = 512  # Philox blocks (two normals each) a program draws
+ELEMENT_LIMIT = 2**62  # element indices the kernel computes in int64 (2 (b + first) + 1), with room to spare
 _READY: dict[str, bool] = {}
 
 
@@ -65,7 +66,6 @@ if triton is not None:
              C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, C4: tl.constexpr,
              C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
         b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-        live = b < count
         n = (b + first).to(tl.uint64)
         x0 = n & 0xFFFFFFFF
         x1 = n >> 32
@@ -117,9 +117,10 @@ if triton is not None:
         sin_sign = (1 - 2 * (quadrant >> 1)).to(tl.float64)
         cosv = tl.where(swap, sn, cs) * cos_sign
         sinv = tl.where(swap, cs, sn) * sin_sign
-        e0 = 2 * (b + first)  # the elements of this block: e0 and e0 + 1
-        tl.store(out + (e0 - start), y * cosv, mask=live & (e0 >= start) & (e0 < stop))
-        tl.store(out + (e0 + 1 - start), y * sinv, mask=live & (e0 + 1 >= start) & (e0 + 1 < stop))
+        # the elements of this block, e0 and e0 + 1 (below 2^63: draw_into); stop bounds the last block
+        e0 = 2 * (b + first)
+        tl.store(out + (e0 - start), y * cosv, mask=(e0 >= start) & (e0 < stop))
+        tl.store(out + (e0 + 1 - start), y * sinv, mask=(e0 + 1 >= start) & (e0 + 1 < stop))
 
 
 # counter_normal's constants, handed to the kernel as compile-time values (a Python float beside a float64
@@ -127,7 +128,8 @@ if triton is not None:
 _CONSTANTS = dict(M0=cn.PHILOX_M0, M1=cn.PHILOX_M1, W0=cn.PHILOX_W0, W1=cn.PHILOX_W1, LN2_HI=cn.LN2_HI,
                   LN2_LO=cn.LN2_LO, SQRT2=cn.SQRT2, SQRT_MAGIC=cn.SQRT_MAGIC, NEWTON=cn.NEWTON_STEPS,
                   TWO_NEG53=2.0 ** -53, TURN=cn.TWO_PI * 2.0 ** -53,
-                  **{f"L{i}": c for i, c in enumerate(cn.LOG_COEFFS)}, **{f"S{i}": c for i, c in enumerate(cn.SIN_COEFFS)},
+                  **{f"L{i}": c for i, c in enumerate(cn.LOG_COEFFS)},
+                  **{f"S{i}": c for i, c in enumerate(cn.SIN_COEFFS)},
                   **{f"C{i}": c for i, c in enumerate(cn.COS_COEFFS)})
 
 
@@ -136,6 +138,12 @@ def draw_into(out: torch.Tensor, start: int, stop: int, seed: int, step: int, in
     (seed, step, index), as counter_normal.normals draws them."""
     if triton is None:
         raise ImportError("Triton is not installed")
+    if out.dtype != torch.float64 or not out.is_contiguous() or out.numel() != max(stop - start, 0):
+        raise ValueError(f"out must be a contiguous float64 tensor of {max(stop - start, 0)} elements, got "
+                         f"{out.dtype} of {out.numel()}")
+    if stop >= ELEMENT_LIMIT:  # the kernel's element indices are int64: past them, the passes draw
+        cn.fill_by_passes(out, start, stop, seed, step, index)
+        return
     first, last = start // 2, (stop + 1) // 2
     count = last - first
     if count <= 0:
@@ -192,7 +200,7 @@ def ready(device: torch.device) -> bool:
     0, and the kernel's bits checked against the unfused draw's once for this process and device."""
     if device.type != "cuda" or os.environ.get("PITCHECK_FUSED_NORMALS", "1") == "0":
         return False
-    name = str(device)
+    name = f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
     if name not in _READY:
         _READY[name] = False  # while checking, normals(fused=None) draws unfused
         try:

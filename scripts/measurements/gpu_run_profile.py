@@ -62,7 +62,8 @@ def profiled(fn, steps: int, device: str, rows: int) -> dict:
 
 
 def show(name: str, r: dict) -> None:
-    print(f"\n## {name}: wall {r['wall_ms']} ms a step, kernels {r['kernel_ms']} ms, {r['launches']} launches", flush=True)
+    print(f"\n## {name}: wall {r['wall_ms']} ms a step, kernels {r['kernel_ms']} ms, {r['launches']} launches",
+          flush=True)
     print("  GPU (ms a step, calls a step):")
     for k, ms, n in r["top_gpu"]:
         print(f"    {ms:9.4f} {n:7.2f}  {k}")

@@ -39,7 +39,7 @@ def test_agrees_accepts_the_unfused_draw_and_refuses_one_a_bit_off():
     assert not fused.agrees("cpu", draw=one_bit_off)
 
 
-def test_the_cpu_draws_unfused_and_never_imports_the_kernel_check():
+def test_the_cpu_draws_by_passes_and_never_runs_the_kernel_check():
     fused._READY.clear()
     assert same_bits(fused.normals((4, 4), 1, 2, 3), cn.normals((4, 4), 1, 2, 3))
     assert fused._READY == {} and not fused.ready(torch.device("cpu"))
@@ -78,7 +78,7 @@ def test_the_cuda_kernel_is_the_unfused_draw_bit_for_bit(shape, seed, step, inde
 def test_normals_on_cuda_picks_the_checked_kernel():
     fused._READY.clear()
     fused.normals((8, 8), 0, 0, 0, device="cuda")
-    assert fused._READY == {"cuda:0": True} or fused._READY == {"cuda": True}
+    assert fused._READY == {f"cuda:{torch.cuda.current_device()}": True}
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or not HAS_TRITON, reason="needs Triton without CUDA (its interpreter)")
@@ -98,14 +98,15 @@ def test_the_kernel_under_triton_s_interpreter_is_the_unfused_draw_bit_for_bit()
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-2000:]
 
 
-def _ptx(fusion: bool) -> str:
-    """The kernel compiled for a Hopper GPU (sm_90) as a launch compiles it: Triton builds PTX without a GPU."""
+def _ptx(fusion: bool, word: str = "i64") -> str:
+    """The kernel compiled for a Hopper GPU (sm_90) as a launch compiles it, its integer arguments typed `word`
+    (Triton types a Python int argument i32 below 2^31): Triton builds PTX without a GPU."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     consts = dict(fused._CONSTANTS, BLOCK=fused.BLOCK)
-    signature = {name: "i64" for name in ("first", "count", "start", "stop", "seed", "index", "step_lo", "step_hi")}
+    signature = {name: word for name in ("first", "count", "start", "stop", "seed", "index", "step_lo", "step_hi")}
     signature = {"out": "*fp64", **signature, **{name: "constexpr" for name in consts}}
     kernel = triton.compile(ASTSource(fn=fused.draw, signature=signature, constexprs=consts),
                             target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion})
@@ -113,7 +114,8 @@ def _ptx(fusion: bool) -> str:
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
-def test_the_compiled_kernel_rounds_as_the_unfused_draw_does():
+@pytest.mark.parametrize("word", ["i64", "i32"])
+def test_the_compiled_kernel_rounds_as_the_unfused_draw_does(word):
     """The kernel's PTX (what the interpreter cannot show): no multiply-add contracted, IEEE division, nothing in
     float32, and each of counter_normal's constants as its exact float64 literal, in arithmetic and comparisons
     alike (Triton rounds a bare Python float to float32 in a comparison). With fusion left on, the same source
@@ -121,14 +123,14 @@ def test_the_compiled_kernel_rounds_as_the_unfused_draw_does():
     import re
     import struct
 
-    ptx = _ptx(fusion=False)
+    ptx = _ptx(fusion=False, word=word)
     assert not re.search(r"\bfma\.\w+\.f64", ptx) and not re.search(r"\.f32\b|\b0f[0-9A-F]{8}\b", ptx)
     divisions = re.findall(r"\bdiv\.(\w+)\.f64", ptx)
     assert divisions and set(divisions) == {"rn"}
     floats = {name: v for name, v in fused._CONSTANTS.items() if isinstance(v, float) and v not in (0.5, 1.0, 2.0)}
     literal = lambda x: "0d" + struct.pack(">d", x).hex().upper()  # noqa: E731
     assert [name for name, v in floats.items() if literal(v) not in ptx and literal(-v) not in ptx] == []
-    assert re.search(r"\bfma\.rn\.f64", _ptx(fusion=True))
+    assert re.search(r"\bfma\.rn\.f64", _ptx(fusion=True, word=word))
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
@@ -145,3 +147,20 @@ def test_every_launch_turns_fusion_off_and_passes_the_constants_the_ptx_was_chec
     assert kwargs.pop("enable_fp_fusion") is False and kwargs.pop("BLOCK") == fused.BLOCK
     assert kwargs == fused._CONSTANTS
     assert args[1:] == (1, 4, 3, 10, 5, 6, 9, 2**8) and grid == (1,)  # blocks 1..4 hold elements 3..9
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_elements_past_the_kernels_int64_indices_are_drawn_by_the_passes_and_a_bad_out_is_refused(monkeypatch):
+    class Unlaunchable:
+        def __getitem__(self, grid):
+            raise AssertionError("the kernel was launched past its element limit")
+
+    monkeypatch.setattr(fused, "draw", Unlaunchable())
+    shape, rows = (fused.ELEMENT_LIMIT + 8,), (fused.ELEMENT_LIMIT - 3, fused.ELEMENT_LIMIT + 3)
+    got = fused.normals(shape, 4, 2**63 + 1, 9, rows=rows, fused=True)
+    assert same_bits(got, cn.normals(shape, 4, 2**63 + 1, 9, rows=rows))
+    bad = (torch.empty(6, dtype=torch.float32), torch.empty(12, dtype=torch.float64)[::2],
+           torch.empty(5, dtype=torch.float64))
+    for out in bad:
+        with pytest.raises(ValueError, match="contiguous float64 tensor of 6 elements"):
+            fused.draw_into(out, 10, 16, 1, 2, 3)
