@@ -162,37 +162,24 @@ def normals(shape, seed: int, step: int, index: int, *, device="cpu", rows=None,
     return cn.normals(shape, seed, step, index, device=device, rows=rows, fill=draw_into if use else None)
 
 
-def _unfused(shape, seed, step, index, device, rows=None):
-    return cn.normals(shape, seed, step, index, device=device, rows=rows)
-
-
-def _through_normals(*args, **kwargs):
-    return normals(*args, **kwargs, fused=True)
-
-
-def agrees(device, draw=None) -> bool:
-    """Whether `draw` (default: this kernel through normals) gives the unfused draw's bits on `device` for
-    irregular shapes, row slices and the largest words; the kernel also for blocks whose counter's second word
-    turns over."""
-    draw = draw or _through_normals
+def agrees(device, fill=None) -> bool:
+    """Whether `fill` (default: this kernel's draw_into) writes counter_normal's passes' bits on `device`, through
+    normals for irregular shapes, row slices and the largest words, and directly for blocks whose counter's
+    second word turns over (elements past 2^33, beyond any shape drawn here), an odd element at each end."""
+    fill = fill or draw_into
     cases = [((37, 29), 2**31 + 5, 2**40 + 3, 7, None), ((256, 256), 1, 2, 3, None), ((1001, 3), 0, 0, 0, (17, 400)),
              ((5,), 9, 1, 2**32 - 1, None), ((64, 64), 2**32 - 1, 2**64 - 1, 3, (1, 63))]
     if torch.device(device).type == "cuda":  # milliseconds there; minutes under the interpreter
         cases.append(((4096, 1024), 11, 2**20 + 1, 12, None))
-    for shape, seed, step, index, rows in cases:
-        got = draw(shape, seed, step, index, device=device, rows=rows)
-        want = _unfused(shape, seed, step, index, device, rows)
-        if got.shape != want.shape or not torch.equal(got.view(torch.int64), want.view(torch.int64)):
-            return False
-    if draw is not _through_normals:  # a stand-in draw is judged on normals' cases alone
-        return True
-    # blocks 2^32 - 5 .. 2^32 + 4, whose counters' second word turns over (elements past 2^33, beyond any shape
-    # drawn here), from the kernel directly against the unfused blocks, an odd element at each end left out
-    first, count = 2**32 - 5, 10
-    got = torch.empty(2 * count - 2, dtype=torch.float64, device=device)
-    draw_into(got, 2 * first + 1, 2 * (first + count) - 1, 77, 2**33 + 1, 5)
-    want = cn.box_muller(cn.block_words(first, count, 77, 2**33 + 1, 5, device=device))[1:-1]
-    return torch.equal(got.view(torch.int64), want.view(torch.int64))
+    pairs = [(cn.normals(shape, seed, step, index, device=device, rows=rows, fill=fill),
+              cn.normals(shape, seed, step, index, device=device, rows=rows))
+             for shape, seed, step, index, rows in cases]
+    start, stop = 2 * (2**32 - 5) + 1, 2 * (2**32 + 5) - 1
+    turned = [torch.empty(stop - start, dtype=torch.float64, device=device) for _ in range(2)]
+    fill(turned[0], start, stop, 77, 2**33 + 1, 5)
+    cn.fill_by_passes(turned[1], start, stop, 77, 2**33 + 1, 5)
+    return all(got.shape == want.shape and torch.equal(got.view(torch.int64), want.view(torch.int64))
+               for got, want in [*pairs, turned])
 
 
 def ready(device: torch.device) -> bool:
@@ -202,7 +189,6 @@ def ready(device: torch.device) -> bool:
         return False
     name = f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
     if name not in _READY:
-        _READY[name] = False  # while checking, normals(fused=None) draws unfused
         try:
             ok = agrees(device)
         except Exception as exc:  # no Triton, or it cannot build here: the unfused draw is the same stream

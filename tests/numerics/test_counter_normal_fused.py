@@ -27,16 +27,13 @@ def same_bits(a, b) -> bool:
 
 
 def test_agrees_accepts_the_unfused_draw_and_refuses_one_a_bit_off():
-    unfused = cn.normals
+    def one_bit_off_past_2_to_the_32(out, start, *args):
+        cn.fill_by_passes(out, start, *args)
+        if start > 2**32:  # only the case whose counters' second word turns over
+            out.view(torch.int64)[-1] ^= 1
 
-    def one_bit_off(*a, **k):
-        z = unfused(*a, **k)
-        bits = z.view(torch.int64).clone()
-        bits.view(-1)[-1] ^= 1
-        return bits.view(torch.float64)
-
-    assert fused.agrees("cpu", draw=unfused)
-    assert not fused.agrees("cpu", draw=one_bit_off)
+    assert fused.agrees("cpu", fill=cn.fill_by_passes)
+    assert not fused.agrees("cpu", fill=one_bit_off_past_2_to_the_32)
 
 
 def test_the_cpu_draws_by_passes_and_never_runs_the_kernel_check():
@@ -90,7 +87,7 @@ def test_the_kernel_under_triton_s_interpreter_is_the_unfused_draw_bit_for_bit()
             a = fused.normals(shape, seed, step, index, rows=rows, fused=True)
             b = cn.normals(shape, seed, step, index, rows=rows)
             assert torch.equal(a.view(torch.int64), b.view(torch.int64)), (shape, seed, step, index, rows)
-        assert fused.agrees("cpu")  # normals' cases and blocks past 2^32
+        assert fused.agrees("cpu")  # the kernel: normals' cases and blocks past 2^32
         print("same bits")
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
