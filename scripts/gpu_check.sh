@@ -11,17 +11,17 @@
 # cuda` in float32 and bfloat16: correct_* must pass, broken_* fail their check; $OUT/zoo/zoo.md, whose
 # timeouts name their slowest phases), runloop (the run loop's costs and accuracy on CUDA: `pitcheck bench --device cuda`
 # with a run step, a metrics row and a commit timed apart, on the host's gradient stream at 8192 x 128 and 32768 x 512
-# and on the counter stream drawn on the GPU at those and 49152 x 576; each exact map's distance from the manifold on
+# and on the counter stream drawn on the GPU at 32768 x 512 and 49152 x 576; each exact map's distance from the manifold on
 # CUDA against the CPU; the counter-based normals and the float64 factorisations on CUDA; a whole 500-step run at
 # 32768 x 512 timed as a user starts it; the deferred checks' tests run in `tests`), grid (`pitcheck bench --grid
 # --device cuda`: the default compare grid's torch cells on the GPU one after another, beside the CPU pool's
-# wall for the same cells, and which finishes first), segment (a 1000-step run at 49152 x 576 as a user starts it, the
-# measured segment a 10^5-step run is estimated from; then one draw of normals on the host, unfused and fused on CUDA),
-# profile (scripts/measurements/gpu_run_profile.py: a model step, a whole run step, a metrics row and a commit at
-# 32768 x 512 under torch.profiler, their kernel time against their wall and their launches a step). Each section has its own time limit (LIMIT below), so one that hangs
-# costs its limit and no more (a run stopped by its limit saves its checkpoint and the script stops: pitcheck
-# treats SIGTERM as an interruption, not an error). Runs from the source tree (PYTHONPATH), on the machine's
-# own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
+# wall for the same cells, and which finishes first), segment (a 1000-step run at 49152 x 576 as a user starts it,
+# the measured segment a 10^5-step run is estimated from; then one draw of normals on the host, unfused and fused
+# on CUDA), profile (scripts/measurements/gpu_run_profile.py: a model step, a whole run step, a metrics row and a
+# commit at 32768 x 512 under torch.profiler, their kernel time against their wall and their launches a step).
+# Each section has its own time limit (LIMIT below), so one that hangs costs its limit and no more (a run
+# stopped by its limit saves its checkpoint and the script stops: pitcheck treats SIGTERM as an interruption,
+# not an error). Runs from the source tree (PYTHONPATH), on the machine's own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
 # without a GPU, and runs nothing else.
 set -u
 OUT=${OUT:-results/gpu/raw}

@@ -1,9 +1,9 @@
 """One draw of standard normals from pitcheck.numerics.counter_normal (Philox4x32-10 in torch int64) against
 numpy's default_rng([seed, step, index]).standard_normal of the same shape (the host stream a step draws
 today), at 32768 x 512 and 2048 x 64: on the CPU with one thread and with all of torch's threads, and on
-CUDA where there is one, unfused and as one Triton kernel (torch.cuda.synchronize around each draw). Median over REPEATS draws (after one
-warm-up) of wall time, and of the process's CPU time on the CPU (on a shared machine wall times swing with
-the load; CPU time at one thread much less).
+CUDA where there is one, unfused and as one Triton kernel (torch.cuda.synchronize around each draw). Median
+over REPEATS draws (after one warm-up) of wall time, and of the process's CPU time on the CPU (on a shared
+machine wall times swing with the load; CPU time at one thread much less).
 
     PYTHONPATH=. python scripts/measurements/counter_normal_timing.py [REPEATS]
 """
