@@ -21,8 +21,8 @@
 # commit at 32768 x 512 under torch.profiler, their kernel time against their wall and their launches a step).
 # Each section has its own time limit (LIMIT below), so one that hangs costs its limit and no more (a run
 # stopped by its limit saves its checkpoint and the script stops: pitcheck treats SIGTERM as an interruption,
-# not an error). Runs from the source tree (PYTHONPATH), on the machine's own torch. DRY=1 prints the sections with their limits and checks the script's helpers on this machine,
-# without a GPU, and runs nothing else.
+# not an error). Runs from the source tree (PYTHONPATH), on the machine's own torch. DRY=1 prints the sections
+# with their limits and checks the script's helpers on this machine, without a GPU, and runs nothing else.
 set -u
 OUT=${OUT:-results/gpu/raw}
 mkdir -p "$OUT"
